@@ -1,0 +1,1 @@
+"""kerple: length-extrapolating transformer language models."""

@@ -1,0 +1,134 @@
+"""The positional-embedding plug-in contract.
+
+A positional embedding can act in three places (see ``../shared/style.md``):
+
+* on the token embeddings (``learned``, ``sinusoidal``): :meth:`PositionalEmbedding.embed`;
+* on queries and keys (``rotary``): :meth:`PositionalEmbedding.rotate`;
+* on the *scaled* attention logits (ALiBi, T5, KERPLE, Sandwich, Gaussian-like kernels):
+  an additive bias and, for the weight kernels of KERPLE §5.3 / Appendix A.3, a multiplicative
+  logit scale, ``new_scores = scores * logit_scale + bias`` (reference order, neox-compat §3).
+
+Every logit term in this project is a function of the causal distance ``d = i - j >= 0`` between
+query position ``i`` and key position ``j`` only. An embedding therefore describes itself with
+per-head *distance tables* of length ``k_len`` (O(H·L) memory), from which the dense
+``[H, q_len, k_len]`` matrices are gathered for the eager / sdpa paths and which the FlexAttention
+``score_mod`` indexes on the fly. Tables are built once per forward and shared by all layers.
+
+The transformer layer never names an embedding: it asks for these hooks and nothing else.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+from torch import nn
+
+
+class PositionKind(str, enum.Enum):
+    """Where an embedding acts; used by the model to skip work, never to branch on names."""
+
+    NONE = "none"  # no position information (NoPE)
+    INPUT = "input"  # added to the token embeddings
+    QUERY_KEY = "query_key"  # rotates queries and keys
+    BIAS = "bias"  # additive term on the scaled logits
+    WEIGHT = "weight"  # multiplicative logit scale (optionally plus an additive bias)
+
+
+def causal_distances(q_len: int, k_len: int, device: torch.device | None = None) -> torch.Tensor:
+    """Distance matrix ``d[i, j] = (k_len - q_len + i) - j`` clamped at 0, as int64 ``[q_len, k_len]``.
+
+    Query row ``i`` is absolute position ``k_len - q_len + i``; key column ``j`` is position ``j``.
+    Entries above the diagonal (``j`` after the query) are masked by attention, so they are clamped
+    to distance 0 rather than left negative.
+    """
+    if q_len > k_len:
+        raise ValueError(f"q_len ({q_len}) must not exceed k_len ({k_len})")
+    query_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+    key_pos = torch.arange(k_len, device=device)[None, :]
+    return (query_pos - key_pos).clamp_(min=0)
+
+
+def gather_by_distance(table: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
+    """Expand a per-head distance table ``[H, k_len]`` into ``[H, q_len, k_len]``."""
+    dist = causal_distances(q_len, k_len, device=table.device)  # [q, k]
+    return table[:, dist]  # [H, q, k]
+
+
+class PositionalEmbedding(nn.Module):
+    """Base class: every hook is a no-op; subclasses override the ones their family uses.
+
+    Subclasses set the class attributes:
+
+    * ``kind``: a :class:`PositionKind`.
+    * ``state_dict_name``: the submodule name under each layer's ``attention`` that holds this
+      embedding's tensors in GPT-NeoX checkpoints (``"rpe"`` for KERPLE and T5,
+      ``"alibi_embed"``, ``"rotary_emb"``), or ``None`` when the embedding lives at the input
+      (``learned``: ``position_embeddings``) or has no tensors.
+    * ``learnable``: whether it owns trainable parameters.
+    """
+
+    kind: PositionKind = PositionKind.NONE
+    state_dict_name: str | None = None
+    learnable: bool = False
+
+    def __init__(self, *, num_heads: int, head_dim: int, hidden_size: int, max_positions: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.hidden_size = hidden_size
+        self.max_positions = max_positions
+
+    # --- input hook -------------------------------------------------------------------------
+    def embed(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Return token embeddings ``hidden [b, s, h]`` with position information added.
+
+        ``positions`` is an int64 tensor ``[s]`` of absolute positions.
+        """
+        return hidden
+
+    # --- query/key hook ---------------------------------------------------------------------
+    def rotate(
+        self, query: torch.Tensor, key: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return (query, key) ``[b, H, s, head_dim]`` with position information applied."""
+        return query, key
+
+    # --- logit hooks ------------------------------------------------------------------------
+    def distance_tables(
+        self, k_len: int, device: torch.device | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Per-head ``(bias_table, scale_table)``, each float32 ``[H, k_len]`` indexed by distance.
+
+        ``bias_table[h, d]`` is added to the scaled logit of head ``h`` at distance ``d``;
+        ``scale_table[h, d]`` multiplies it first. Either is ``None`` when the embedding has no
+        such term. Gradients flow from both tables to learnable parameters.
+        """
+        return None, None
+
+    def bias(self, q_len: int, k_len: int) -> torch.Tensor | None:
+        """Additive bias on the scaled logits, float32 ``[H, q_len, k_len]``, or ``None``."""
+        table, _ = self.distance_tables(k_len, device=self._device())
+        return None if table is None else gather_by_distance(table, q_len, k_len)
+
+    def logit_scale(self, q_len: int, k_len: int) -> torch.Tensor | None:
+        """Multiplicative factor on the scaled logits, float32 ``[H, q_len, k_len]``, or ``None``."""
+        _, table = self.distance_tables(k_len, device=self._device())
+        return None if table is None else gather_by_distance(table, q_len, k_len)
+
+    # --- monitoring -------------------------------------------------------------------------
+    def metrics(self) -> dict[str, float]:
+        """Summary statistics of learnable parameters (mean/std/min/max per tensor); empty if none."""
+        stats: dict[str, float] = {}
+        for name, param in self.named_parameters():
+            values = param.detach().float().flatten()
+            stats[f"{name}/mean"] = values.mean().item()
+            stats[f"{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
+            stats[f"{name}/min"] = values.min().item()
+            stats[f"{name}/max"] = values.max().item()
+        return stats
+
+    def _device(self) -> torch.device | None:
+        for tensor in list(self.parameters()) + list(self.buffers()):
+            return tensor.device
+        return None
