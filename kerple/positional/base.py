@@ -55,6 +55,19 @@ def gather_by_distance(table: torch.Tensor, q_len: int, k_len: int) -> torch.Ten
     return table[:, dist]  # [H, q, k]
 
 
+def global_head_indices(num_heads: int, head_offset: int = 0, total_heads: int | None = None) -> range:
+    """Global indices of the ``num_heads`` local heads, validating the tensor-parallel slice.
+
+    ``total_heads`` defaults to ``head_offset + num_heads`` (all heads local when the offset is 0).
+    """
+    total = head_offset + num_heads if total_heads is None else total_heads
+    if num_heads < 1 or head_offset < 0 or head_offset + num_heads > total:
+        raise ValueError(
+            f"invalid head slice: num_heads={num_heads}, head_offset={head_offset}, total_heads={total}"
+        )
+    return range(head_offset, head_offset + num_heads)
+
+
 class PositionalEmbedding(nn.Module):
     """Base class: every hook is a no-op; subclasses override the ones their family uses.
 
@@ -66,11 +79,19 @@ class PositionalEmbedding(nn.Module):
       ``"alibi_embed"``, ``"rotary_emb"``), or ``None`` when the embedding lives at the input
       (``learned``: ``position_embeddings``) or has no tensors.
     * ``learnable``: whether it owns trainable parameters.
+    * ``keep_fp32``: whether its floating-point parameters and buffers stay float32 when the model
+      is cast (``model.to(torch.bfloat16)``, ``.half()``): see :meth:`_apply`.
+
+    Tensor parallelism: an embedding may be given only a slice of the heads. Families whose values
+    depend on the global head index (ALiBi slopes, Sandwich compression ratios, T5's xavier fan)
+    accept ``head_offset`` (global index of local head 0) and ``total_heads`` (default: all heads
+    are local); see :func:`global_head_indices`.
     """
 
     kind: PositionKind = PositionKind.NONE
     state_dict_name: str | None = None
     learnable: bool = False
+    keep_fp32: bool = True
 
     def __init__(self, *, num_heads: int, head_dim: int, hidden_size: int, max_positions: int) -> None:
         super().__init__()
@@ -127,6 +148,28 @@ class PositionalEmbedding(nn.Module):
             stats[f"{name}/min"] = values.min().item()
             stats[f"{name}/max"] = values.max().item()
         return stats
+
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
+        """Apply ``fn`` (device moves, dtype casts) but keep float32 tensors in float32.
+
+        KERPLE parameters are a handful of scalars per head whose small changes matter (the
+        reference keeps them in the fp32 master copy, neox-compat §2); ALiBi slopes, rotary
+        ``inv_freq`` and the like lose precision in bf16. So when ``keep_fp32`` is set, a cast of
+        the whole model to bf16/fp16 moves this module to the new device but leaves its float32
+        tensors float32 *and unrounded* (the cast result is discarded and the original moved
+        instead). The transformer casts the returned tables to its compute dtype where needed.
+        Parameters keep their identity (only ``.data`` is replaced), so optimizers stay valid.
+        """
+        if not self.keep_fp32:
+            return super()._apply(fn, recurse)
+
+        def move_keeping_fp32(tensor: torch.Tensor) -> torch.Tensor:
+            result = fn(tensor)
+            if tensor.dtype == torch.float32 and result.is_floating_point() and result.dtype != torch.float32:
+                return tensor.to(device=result.device)
+            return result
+
+        return super()._apply(move_keeping_fp32, recurse)
 
     def _device(self) -> torch.device | None:
         for tensor in list(self.parameters()) + list(self.buffers()):

@@ -1,0 +1,182 @@
+"""Reading YAML files, merging them in order, and command-line overrides.
+
+Merge rule (the one rule, for every key): files are read in the order given and **a later file
+wins**, whether either file spells the key with dashes or underscores; command-line overrides
+come after the last file. Each replaced value is logged on the ``kerple.config`` logger as
+``key: old (file a) -> new (file b)``. Within one file (or one set of overrides) a key may appear
+only once, in any spelling: ``hidden-size`` next to ``hidden_size`` is an error, as is ``lr`` next
+to ``optimizer.params.lr``. DeepSpeed blocks (``optimizer``, ``fp16``, ``bf16``,
+``zero_optimization``) merge key by key, so a later ``fp16: {enabled: false}`` keeps the earlier
+loss-scale settings.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kerple.config.config import Config
+from kerple.config.errors import COMMAND_LINE, ConfigError
+from kerple.config.neox_keys import FREE_BLOCKS, Entry, flatten, key_of, normalize_key
+from kerple.config.sections import SECTIONS
+
+logger = logging.getLogger("kerple.config")
+
+_TIMESTAMP = "tag:yaml.org,2002:timestamp"
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, first_line: int, line: int) -> None:
+        super().__init__(key)
+        self.key, self.first_line, self.line = key, first_line, line
+
+
+class ConfigYamlLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that rejects duplicate keys, reads ``1e-8`` as a float (YAML 1.1 wants
+    ``1.0e-8``) and leaves dates as strings."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first_lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in first_lines:
+                    raise _DuplicateKey(key, first_lines[key], line)
+                first_lines[key] = line
+            except TypeError:  # unhashable key: let PyYAML report it
+                continue
+        return super().construct_mapping(node, deep=deep)
+
+
+ConfigYamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+ConfigYamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parse YAML ``text`` with :class:`ConfigYamlLoader`; errors become :class:`ConfigError`."""
+    try:
+        return yaml.load(text, Loader=ConfigYamlLoader)  # noqa: S506 - a SafeLoader subclass
+    except _DuplicateKey as duplicate:
+        raise ConfigError(
+            f"appears twice (lines {duplicate.first_line} and {duplicate.line}); keep one",
+            file=source,
+            key=str(duplicate.key),
+        ) from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"not valid YAML: {error}", file=source) from None
+
+
+def read_yaml(path: str | os.PathLike) -> dict:
+    """The top-level mapping of one YAML file (an empty file is ``{}``)."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"cannot read the file: {error.strerror or error}", file=source) from None
+    data = parse_yaml(text, source)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"the file must hold a mapping of keys, got {type(data).__name__}", file=source)
+    return data
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """Parse ``key=value`` strings; values are typed as YAML scalars (``lr=1e-4`` is a float,
+    ``use_wandb=false`` a bool, ``betas=[0.9,0.95]`` a list, ``key=`` null). Dotted keys
+    address DeepSpeed blocks (``fp16.enabled=true``). A key given twice is an error."""
+    overrides: dict[str, Any] = {}
+    seen: dict[str, str] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError("expected key=value", file=COMMAND_LINE, key=item)
+        spelling = ".".join(normalize_key(part) for part in key.split("."))
+        if spelling in seen:
+            raise ConfigError(f"given twice (also as '{seen[spelling]}'); keep one", file=COMMAND_LINE, key=key)
+        seen[spelling] = key
+        overrides[key] = parse_yaml(text, COMMAND_LINE) if text.strip() else None
+    return overrides
+
+
+def _merge_into(merged: dict[str, Entry], entries: Mapping[str, Entry]) -> None:
+    for ident, entry in entries.items():
+        previous = merged.get(ident)
+        if previous is not None:
+            logger.info(
+                "%s: %r (%s) -> %r (%s)", key_of(ident), previous.value, previous.source, entry.value, entry.source
+            )
+        merged[ident] = entry
+
+
+def build_config(merged: Mapping[str, Entry]) -> Config:
+    """A :class:`Config` from merged entries (field identity -> value and source)."""
+    values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+    free: dict[str, dict[str, Any]] = {block: {} for block in FREE_BLOCKS}
+    for ident, entry in merged.items():
+        head, _, rest = ident.partition(".")
+        if head in free:
+            free[head][rest] = entry.value
+        else:
+            values[head][rest] = entry.value
+    values["parallelism"]["zero_optimization"] = free["zero_optimization"]
+    sections = {section: cls(**values[section]) for section, cls in SECTIONS.items()}
+    sources = {ident: (entry.source, entry.written) for ident, entry in merged.items()}
+    return Config(**sections, sources=sources)
+
+
+def load_config(paths: Sequence[str | os.PathLike], overrides: Mapping[str, Any] | None = None) -> Config:
+    """Load, merge (later file wins; see the module docstring), derive and validate a config.
+
+    Args:
+        paths: YAML files, merged in order.
+        overrides: ``{key: value}`` applied after the last file, e.g. from
+            :func:`parse_overrides`; keys may be dashed, underscored or dotted.
+
+    Raises:
+        ConfigError: naming the file and key of the first problem found.
+    """
+    merged: dict[str, Entry] = {}
+    for path in paths:
+        _merge_into(merged, flatten(read_yaml(path), str(path)))
+    if overrides:
+        _merge_into(merged, flatten(dict(overrides), COMMAND_LINE))
+    return build_config(merged)
+
+
+def split_arguments(arguments: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Split command-line words into YAML paths and ``key=value`` overrides (words with ``=``)."""
+    paths: list[str] = []
+    overrides: list[str] = []
+    for word in arguments:
+        (overrides if "=" in word else paths).append(word)
+    return paths, overrides
+
+
+def cli_load(paths: Sequence[str | os.PathLike], overrides: Iterable[str] | Mapping[str, Any] | None = None) -> Config:
+    """:func:`load_config` for entry points: on a :class:`ConfigError` print it to stderr and
+    exit with status 2. ``overrides`` may be ``key=value`` strings or a parsed dict."""
+    try:
+        parsed = overrides if overrides is None or isinstance(overrides, Mapping) else parse_overrides(overrides)
+        return load_config(paths, parsed)
+    except ConfigError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

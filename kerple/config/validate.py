@@ -1,0 +1,282 @@
+"""Derived values and cross-key validation, run once when a :class:`~kerple.config.Config` is built.
+
+The positional registry (:mod:`kerple.positional`) and the attention implementations
+(:mod:`kerple.model.attention`) are imported here, lazily, so that importing the config package
+stays cheap and free of torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import math
+from typing import TYPE_CHECKING, Any
+
+from kerple.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kerple.config.config import Config
+
+OPTIMIZER_TYPES = ("adam", "adamw")
+"""Accepted ``optimizer.type`` values (case-insensitive); both run the decoupled AdamW update."""
+
+_BF16_NAMES = ("bf16", "bfloat16")
+_FP16_NAMES = ("fp16", "float16")
+
+
+def where(cfg: Config, *idents: str) -> tuple[str, str | tuple[str, ...]]:
+    """The file(s) and key(s) that set the given fields, for a :class:`ConfigError`."""
+    files: list[str] = []
+    keys: list[str] = []
+    for ident in idents:
+        file, key = cfg.provenance(ident)
+        if file not in files:
+            files.append(file)
+        keys.append(key)
+    return ", ".join(files), (keys[0] if len(keys) == 1 else tuple(keys))
+
+
+def fail(cfg: Config, message: str, *idents: str) -> ConfigError:
+    """A :class:`ConfigError` naming where ``idents`` were set."""
+    file, key = where(cfg, *idents)
+    return ConfigError(message, file=file, key=key)
+
+
+def described(cfg: Config, ident: str, value: Any) -> str:
+    """``key=value (file)`` for messages about combinations."""
+    file, key = cfg.provenance(ident)
+    return f"{key}={value!r} ({file})"
+
+
+def device_type() -> str:
+    """``"cuda"`` when a CUDA device is visible, else ``"cpu"``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def finalize(cfg: Config) -> None:
+    """Fill the derived values of ``cfg`` and check every cross-key rule (idempotent)."""
+    _parallelism(cfg)
+    _model(cfg)
+    _positional(cfg)
+    _attention(cfg)
+    _optimizer(cfg)
+    _lr_schedule(cfg)
+    _precision(cfg)
+    _data(cfg)
+    _training(cfg)
+    _logging(cfg)
+
+
+def _parallelism(cfg: Config) -> None:
+    stage = cfg.parallelism.zero_optimization.get("stage", 0)
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+        raise ConfigError(
+            f"ZeRO stage must be 0, 1, 2 or 3, got {stage!r}",
+            file=cfg.provenance("zero_optimization.stage")[0],
+            key="zero_optimization.stage",
+        )
+    cfg.parallelism.zero_stage = stage
+
+
+def _model(cfg: Config) -> None:
+    model = cfg.model
+    if model.hidden_size % model.num_attention_heads:
+        raise fail(
+            cfg,
+            f"{described(cfg, 'model.hidden_size', model.hidden_size)} is not divisible by "
+            f"{described(cfg, 'model.num_attention_heads', model.num_attention_heads)}; "
+            "choose a head count that divides the width",
+            "model.hidden_size",
+            "model.num_attention_heads",
+        )
+    model.head_dim = model.hidden_size // model.num_attention_heads
+    if model.max_position_embeddings is None:
+        model.max_position_embeddings = model.seq_length
+    multiple = model.make_vocab_size_divisible_by * cfg.parallelism.model_parallel_size
+    model.padded_vocab_size = math.ceil(model.vocab_size / multiple) * multiple
+
+
+def positional_family(cfg: Config) -> Any:
+    """``kerple.positional.family`` of the configured (canonical) ``pos_emb``."""
+    return importlib.import_module("kerple.positional").family(cfg.positional.pos_emb)
+
+
+def is_learned_absolute(family: Any) -> bool:
+    """A learned table added at the input: it has no rows beyond max_position_embeddings."""
+    kind = getattr(family.kind, "value", family.kind)
+    return kind == "input" and bool(family.learnable)
+
+
+def _positional(cfg: Config) -> None:
+    registry = importlib.import_module("kerple.positional")
+    name = cfg.positional.pos_emb
+    try:
+        cfg.positional.pos_emb = registry.canonical(name)
+    except KeyError:
+        known = list(registry.names())
+        guess = difflib.get_close_matches(str(name), known, n=1)
+        hint = f"did you mean {guess[0]!r}? " if guess else ""
+        raise fail(
+            cfg,
+            f"unknown positional embedding {name!r}; {hint}known: {', '.join(known)}",
+            "positional.pos_emb",
+        ) from None
+    if cfg.positional.sandwich_dim % 2:
+        raise fail(cfg, f"must be even, got {cfg.positional.sandwich_dim}", "positional.sandwich_dim")
+    if is_learned_absolute(positional_family(cfg)) and cfg.model.seq_length > cfg.model.max_position_embeddings:
+        raise fail(
+            cfg,
+            f"{described(cfg, 'model.seq_length', cfg.model.seq_length)} exceeds "
+            f"{described(cfg, 'model.max_position_embeddings', cfg.model.max_position_embeddings)}, "
+            f"the size of the learned position table ({described(cfg, 'positional.pos_emb', name)})",
+            "model.seq_length",
+            "model.max_position_embeddings",
+        )
+
+
+def _attention(cfg: Config) -> None:
+    layers = cfg.attention.attention_config
+    if layers is not None:
+        total = 0
+        for item in layers:
+            ok = isinstance(item, list) and len(item) == 2 and isinstance(item[0], list) and isinstance(item[1], int)
+            if not ok:
+                raise fail(cfg, f"expected items [[types...], layer_count], got {item!r}", "attention.attention_config")
+            unsupported = sorted({str(kind) for kind in item[0]} - {"global"})
+            if unsupported:
+                raise fail(
+                    cfg,
+                    f"attention types {unsupported} are not supported (only 'global'); remove the key",
+                    "attention.attention_config",
+                )
+            total += item[1]
+        if total != cfg.model.num_layers:
+            raise fail(
+                cfg,
+                f"covers {total} layers but num_layers is {cfg.model.num_layers}",
+                "attention.attention_config",
+            )
+    family = positional_family(cfg)
+    training = cfg.training.train_iters != 0
+    attention = importlib.import_module("kerple.model.attention")
+    reason = attention.unsupported_reason(
+        cfg.attention.attention_impl, family.kind, family.learnable, device_type(), training
+    )
+    if reason:
+        mode = "training" if training else "evaluation"
+        raise fail(
+            cfg,
+            f"{described(cfg, 'attention.attention_impl', cfg.attention.attention_impl)} cannot serve "
+            f"{described(cfg, 'positional.pos_emb', cfg.positional.pos_emb)} for {mode} on {device_type()}: "
+            f"{reason}",
+            "attention.attention_impl",
+            "positional.pos_emb",
+        )
+
+
+def _optimizer(cfg: Config) -> None:
+    optimizer = cfg.optimizer
+    if optimizer.type.lower() not in OPTIMIZER_TYPES:
+        raise fail(cfg, f"{optimizer.type!r} is not supported; use one of {', '.join(OPTIMIZER_TYPES)}", "optimizer.type")
+    if len(optimizer.betas) != 2 or not all(0.0 <= beta < 1.0 for beta in optimizer.betas):
+        raise fail(cfg, f"expected two numbers in [0, 1), got {optimizer.betas!r}", "optimizer.betas")
+
+
+def _lr_schedule(cfg: Config) -> None:
+    schedule = cfg.lr_schedule
+    if schedule.lr_decay_iters is None and cfg.training.train_iters > 0:
+        schedule.lr_decay_iters = cfg.training.train_iters
+    if schedule.min_lr > cfg.optimizer.lr:
+        raise fail(
+            cfg,
+            f"{described(cfg, 'lr_schedule.min_lr', schedule.min_lr)} is above "
+            f"{described(cfg, 'optimizer.lr', cfg.optimizer.lr)}",
+            "lr_schedule.min_lr",
+            "optimizer.lr",
+        )
+
+
+def _precision(cfg: Config) -> None:
+    """fp32, bf16 or fp16 from the blocks; the legacy ``fp16: {enabled, type: bfloat16}`` is bf16."""
+    precision = cfg.precision
+    from_blocks = "fp32"
+    if precision.fp16_enabled:
+        from_blocks = "bf16" if precision.fp16_type in _BF16_NAMES else "fp16"
+    if precision.bf16_enabled:
+        if precision.fp16_enabled and from_blocks != "bf16":
+            raise fail(
+                cfg,
+                "fp16 and bf16 are both enabled; disable one",
+                "precision.fp16_enabled",
+                "precision.bf16_enabled",
+            )
+        from_blocks = "bf16"
+    requested = precision.precision
+    if requested is not None:
+        requested = "bf16" if requested in _BF16_NAMES else "fp16" if requested in _FP16_NAMES else "fp32"
+    if requested is None or requested == from_blocks:
+        precision.precision = from_blocks
+        return
+    if from_blocks != "fp32":
+        block = "bf16.enabled" if precision.bf16_enabled else "fp16.enabled"
+        raise fail(
+            cfg,
+            f"precision {requested!r} contradicts the enabled block ({from_blocks}); "
+            f"set {block}: false or drop the precision key",
+            "precision.precision",
+            "precision.bf16_enabled" if precision.bf16_enabled else "precision.fp16_enabled",
+        )
+    # Blocks all disabled and a precision key asks for more: enable the matching block.
+    precision.precision = requested
+    if requested == "bf16":
+        precision.bf16_enabled = True
+    else:
+        precision.fp16_enabled = True
+        precision.fp16_type = None
+
+
+def _data(cfg: Config) -> None:
+    parts = cfg.data.split.replace("/", ",").split(",")
+    try:
+        weights = [float(part) for part in parts]
+    except ValueError:
+        weights = []
+    if not 1 <= len(weights) <= 3 or any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise fail(
+            cfg,
+            f"expected up to three non-negative numbers such as '949,50,1', got {cfg.data.split!r}",
+            "data.split",
+        )
+    if cfg.data.seq_length_val is not None:
+        cfg.check_eval_length(cfg.data.seq_length_val)
+
+
+def _training(cfg: Config) -> None:
+    """Partial checks of the batch triple; the full resolution needs the world size."""
+    training = cfg.training
+    micro, accumulation, total = training.micro_batch_size, training.gradient_accumulation_steps, training.train_batch_size
+    per_replica = (micro or 1) * (accumulation or 1)
+    if total is not None and (micro or accumulation) and total % per_replica:
+        given = [
+            ident
+            for ident, value in (
+                ("training.train_batch_size", total),
+                ("training.micro_batch_size", micro),
+                ("training.gradient_accumulation_steps", accumulation),
+            )
+            if value is not None
+        ]
+        raise fail(
+            cfg,
+            f"train_batch_size {total} is not a multiple of micro_batch_size x gradient_accumulation_steps "
+            f"= {per_replica}",
+            *given,
+        )
+
+
+def _logging(cfg: Config) -> None:
+    if cfg.logging.use_tensorboard is None:
+        cfg.logging.use_tensorboard = cfg.logging.tensorboard_dir is not None
+

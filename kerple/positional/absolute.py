@@ -1,0 +1,92 @@
+"""Absolute embeddings added to the token embeddings: ``none``, ``learned``, ``sinusoidal``.
+
+References: NoPE (thesis ch. 2, no position information); the learned table and the sinusoidal
+embedding of GPT-NeoX (neox-compat §3; Vaswani et al. 2017 §3.5).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kerple.positional.base import PositionalEmbedding, PositionKind
+
+
+class NoPositionalEmbedding(PositionalEmbedding):
+    """``none``: no explicit position information (NoPE, thesis ch. 2); every hook is a no-op.
+
+    Causal attention alone still lets the model infer positions (thesis Part I).
+    """
+
+    kind = PositionKind.NONE
+
+
+def _check_positions(positions: torch.Tensor, max_positions: int, name: str) -> None:
+    """Raise a clear ``ValueError`` for positions outside ``[0, max_positions)``."""
+    if positions.numel() == 0:
+        return
+    low, high = int(positions.min()), int(positions.max())
+    if low < 0 or high >= max_positions:
+        raise ValueError(
+            f"{name} positional embedding covers positions 0..{max_positions - 1} "
+            f"(max_position_embeddings={max_positions}) but got positions {low}..{high}; "
+            "a learned absolute table cannot extrapolate: raise max_position_embeddings or "
+            "pick a relative embedding"
+        )
+
+
+class LearnedPositionalEmbedding(PositionalEmbedding):
+    """``learned``: a trained table ``nn.Embedding(max_positions, hidden_size)``, init N(0, 0.02).
+
+    The submodule is named ``position_embeddings`` so its tensor is ``position_embeddings.weight``,
+    the reference's layer-0 key (neox-compat §6). It lives at the input, hence
+    ``state_dict_name = None``. The table follows the model's dtype like the word embeddings
+    (``keep_fp32 = False``).
+    """
+
+    kind = PositionKind.INPUT
+    learnable = True
+    keep_fp32 = False
+
+    def __init__(self, *, num_heads: int, head_dim: int, hidden_size: int, max_positions: int) -> None:
+        super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
+        self.position_embeddings = nn.Embedding(max_positions, hidden_size)
+        nn.init.normal_(self.position_embeddings.weight, mean=0.0, std=0.02)
+
+    def embed(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``hidden [b, s, h] + table[positions]``; raises ``ValueError`` beyond ``max_positions``."""
+        _check_positions(positions, self.max_positions, "learned")
+        table = self.position_embeddings(positions)  # [s, h]
+        return hidden + table.to(hidden.dtype)
+
+
+def sinusoidal_table(positions: torch.Tensor, hidden_size: int) -> torch.Tensor:
+    """``cat(sin(t * inv_freq), cos(t * inv_freq))`` as float32 ``[*positions.shape, hidden_size]``.
+
+    ``inv_freq = 1 / 10000 ** (arange(0, h, 2) / h)`` (neox-compat §3): the reference's layout puts
+    all sines first and all cosines second rather than interleaving them as Vaswani et al. do.
+    """
+    if hidden_size % 2:
+        raise ValueError(f"sinusoidal embedding needs an even hidden size, got {hidden_size}")
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, hidden_size, 2, device=positions.device, dtype=torch.float32) / hidden_size))
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # [..., h/2]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)  # [..., h]
+
+
+class SinusoidalPositionalEmbedding(PositionalEmbedding):
+    """``sinusoidal``: fixed sin/cos embedding added to the token embeddings (neox-compat §3).
+
+    No tensors are stored (the reference has no checkpoint key for it); the table is computed in
+    fp32 for the requested positions, so any position works.
+    """
+
+    kind = PositionKind.INPUT
+
+    def __init__(self, *, num_heads: int, head_dim: int, hidden_size: int, max_positions: int) -> None:
+        super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
+        if hidden_size % 2:
+            raise ValueError(f"sinusoidal embedding needs an even hidden size, got {hidden_size}")
+
+    def embed(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``hidden [b, s, h] + cat(sin, cos)[positions]``."""
+        return hidden + sinusoidal_table(positions, self.hidden_size).to(hidden.dtype)

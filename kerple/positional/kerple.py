@@ -1,0 +1,220 @@
+"""KERPLE: kernelized relative positional embeddings (Chi et al. 2022).
+
+Every variant plugs a conditionally positive definite kernel of the distance ``d = |m - n|`` into
+the attention logits, KERPLE paper Eq. (2)-(4): ``q·k`` (optionally times a weight kernel) plus a
+bias kernel; the constant ``c`` of Eq. (3) drops out of the softmax. Variants here:
+
+* ``kerple_log`` (paper §4, logarithmic):     bias = -r1 * log(1 + r2 * d)
+* ``kerple_power`` (paper §4, power):         bias = -r1 * d^r2,            0 < r2 <= 2
+* ``kerple_log3`` (paper §5.3, 3-para-log):   bias = -r1 * log(1 + r2 * d^r3), 0 < r3 <= 2
+* ``kerple_bias_wht`` (paper §5.3, bias+wht): logits * exp(-r3 * d^r4) + (-r1 * d^r2)
+* ``kerple_wht`` (weight only):               logits * exp(-r1 * d^r2)
+* ``kerple_power_original``: the reference's ALiBi-through-the-power-class (see its class).
+
+Parameters follow the GPT-NeoX KERPLE fork (neox-compat §2): one ``[H, 1, 1]`` tensor per name,
+one set per model shared by all layers, ``*_p`` initialised U(0, 2) and ``*_a`` U(0, 1), created
+in the order ``bias_p, bias_a, wei_p, wei_a`` (so seeded runs draw the same values). The forward
+uses clamped values (every ``a >= 0.01``, power exponents in ``[0.01, 2]``, the log variant's r1
+``>= 0.01``) with the gradient passed straight through (see :func:`straight_through_clamp`). All
+math is fp32 (the reference uses bf16 distances; neox-compat §2).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kerple.positional.alibi import alibi_slopes
+from kerple.positional.base import PositionalEmbedding, PositionKind, global_head_indices
+from kerple.positional.functional import distance_power, distance_vector, straight_through_clamp
+
+MIN_VALUE = 0.01
+MAX_EXPONENT = 2.0
+
+
+class LearnableKernel(PositionalEmbedding):
+    """Base of the learnable kernel families (KERPLE and the Gaussian-like kernels).
+
+    Subclasses list their parameters in ``parameter_specs``: ``name -> (init_scale, clamp_min,
+    clamp_max)``; each parameter is ``init_scale * U(0, 1)`` of shape ``[H, 1, 1]``, created in
+    the listed order. :meth:`effective` returns the clamped (straight-through) value as float32
+    ``[H, 1]``. Only the distance vector is cached.
+    """
+
+    state_dict_name = "rpe"
+    learnable = True
+    parameter_specs: dict[str, tuple[float, float, float | None]] = {}
+
+    def __init__(self, *, num_heads: int, head_dim: int, hidden_size: int, max_positions: int) -> None:
+        super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
+        for name, (init_scale, _, _) in self.parameter_specs.items():
+            self.register_parameter(name, nn.Parameter(torch.rand(num_heads, 1, 1) * init_scale))
+        self._distance_cache: tuple[int, torch.device, torch.Tensor] | None = None
+
+    def effective(self, name: str) -> torch.Tensor:
+        """The value of parameter ``name`` used in the forward: clamped, fp32, ``[H, 1]``."""
+        _, low, high = self.parameter_specs[name]
+        param = getattr(self, name).float().reshape(self.num_heads, 1)
+        return straight_through_clamp(param, low, high)
+
+    def distances(self, k_len: int, device: torch.device | None = None) -> torch.Tensor:
+        """Float32 ``[1, k_len]`` distances ``0..k_len-1``, cached per (k_len, device)."""
+        device = torch.device(device) if device is not None else self._device()
+        cache = self._distance_cache
+        if cache is None or cache[0] != k_len or cache[1] != device:
+            cache = (k_len, device, distance_vector(k_len, device)[None, :])
+            self._distance_cache = cache
+        return cache[2]
+
+    def metrics(self) -> dict[str, float]:
+        """Per-head effective values (``bias_p/head3``) and their mean/std/min/max per parameter."""
+        stats: dict[str, float] = {}
+        for name in self.parameter_specs:
+            values = self.effective(name).detach().flatten()
+            for head, value in enumerate(values.tolist()):
+                stats[f"{name}/head{head}"] = value
+            stats[f"{name}/mean"] = values.mean().item()
+            stats[f"{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
+            stats[f"{name}/min"] = values.min().item()
+            stats[f"{name}/max"] = values.max().item()
+        return stats
+
+
+class KerpleLog(LearnableKernel):
+    """``kerple_log``: bias ``-r1 * log(1 + r2 * d)``, r1 = ``bias_p``, r2 = ``bias_a`` (paper §4).
+
+    Clamps as the reference: both ``>= 0.01`` (r1 has no upper bound).
+    """
+
+    kind = PositionKind.BIAS
+    parameter_specs = {"bias_p": (2.0, MIN_VALUE, None), "bias_a": (1.0, MIN_VALUE, None)}
+
+    def distance_tables(
+        self, k_len: int, device: torch.device | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        distance = self.distances(k_len, device)
+        r1, r2 = self.effective("bias_p"), self.effective("bias_a")
+        return -r1 * torch.log1p(r2 * distance), None
+
+
+class KerpleLog3(LearnableKernel):
+    """``kerple_log3`` (paper §5.3, 3-para-log): bias ``-r1 * log(1 + r2 * d^r3)``.
+
+    The reference has no such class; names extend the log variant's: r1 = ``bias_p`` (U(0,2),
+    ``>= 0.01``), r2 = ``bias_a`` (U(0,1), ``>= 0.01``) exactly as in ``kerple_log``, and the new
+    exponent r3 = ``bias_pow`` (U(0,2) like every KERPLE exponent, clamped to ``[0.01, 2]``).
+    With r3 = 1 it reduces to ``kerple_log``.
+    """
+
+    kind = PositionKind.BIAS
+    parameter_specs = {
+        "bias_p": (2.0, MIN_VALUE, None),
+        "bias_a": (1.0, MIN_VALUE, None),
+        "bias_pow": (2.0, MIN_VALUE, MAX_EXPONENT),
+    }
+
+    def distance_tables(
+        self, k_len: int, device: torch.device | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        distance = self.distances(k_len, device)
+        r1, r2, r3 = self.effective("bias_p"), self.effective("bias_a"), self.effective("bias_pow")
+        return -r1 * torch.log1p(r2 * distance_power(distance, r3)), None
+
+
+class KerplePowerFamily(LearnableKernel):
+    """The reference's ``ParallelKerplePower``: ``logits * exp(-wei_a * d^wei_p) + (-bias_a * d^bias_p)``.
+
+    Subclasses pick which parameters exist (the ``_X_Y`` suffix of the reference string: X for the
+    bias, Y for the weight). Every ``a`` is clamped ``>= 0.01``, every ``p`` to ``[0.01, 2]``.
+    A term without any parameter is absent (its table is ``None``).
+    """
+
+    def _power_term(self, prefix: str, distance: torch.Tensor) -> torch.Tensor | None:
+        has_p, has_a = f"{prefix}_p" in self.parameter_specs, f"{prefix}_a" in self.parameter_specs
+        if not (has_p or has_a):
+            return None
+        term = distance_power(distance, self.effective(f"{prefix}_p")) if has_p else distance
+        return term * self.effective(f"{prefix}_a") if has_a else term.expand(self.num_heads, -1)
+
+    def distance_tables(
+        self, k_len: int, device: torch.device | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        distance = self.distances(k_len, device)
+        bias_term, weight_term = self._power_term("bias", distance), self._power_term("wei", distance)
+        bias = None if bias_term is None else -bias_term
+        scale = None if weight_term is None else torch.exp(-weight_term)
+        return bias, scale
+
+
+_POWER = (2.0, MIN_VALUE, MAX_EXPONENT)
+_COEFFICIENT = (1.0, MIN_VALUE, None)
+
+
+class KerplePower(KerplePowerFamily):
+    """``kerple_power`` (reference ``kerple_power_ap_``; paper §4 power): bias ``-r1 * d^r2``.
+
+    r1 = ``bias_a`` (``>= 0.01``), r2 = ``bias_p`` (``[0.01, 2]``): NeoX's ``-bias_a * d**bias_p``.
+    """
+
+    kind = PositionKind.BIAS
+    parameter_specs = {"bias_p": _POWER, "bias_a": _COEFFICIENT}
+
+
+class KerpleBiasWeight(KerplePowerFamily):
+    """``kerple_bias_wht`` (reference ``kerple_power_ap_ap``; paper §5.3 bias+wht).
+
+    ``logits * exp(-r3 * d^r4) + (-r1 * d^r2)`` with r1 = ``bias_a``, r2 = ``bias_p``,
+    r3 = ``wei_a``, r4 = ``wei_p``.
+    """
+
+    kind = PositionKind.WEIGHT
+    parameter_specs = {"bias_p": _POWER, "bias_a": _COEFFICIENT, "wei_p": _POWER, "wei_a": _COEFFICIENT}
+
+
+class KerpleWeight(KerplePowerFamily):
+    """``kerple_wht`` (reference ``kerple_power__ap``): ``logits * exp(-r1 * d^r2)``, no bias.
+
+    r1 = ``wei_a`` (``>= 0.01``), r2 = ``wei_p`` (``[0.01, 2]``). Same function as Appendix A.3's
+    2-para-wht (``gauss_wht2``).
+    """
+
+    kind = PositionKind.WEIGHT
+    parameter_specs = {"wei_p": _POWER, "wei_a": _COEFFICIENT}
+
+
+class KerplePowerOriginal(PositionalEmbedding):
+    """``kerple_power_original``: ALiBi through the reference's power class.
+
+    The reference stores the standard ALiBi slopes (of the global heads) as a *frozen* ``bias_a``
+    ``[H, 1, 1]`` and computes ``-bias_a * d`` - but its power class clamps every ``a`` to
+    ``>= 0.01`` before the forward, so slopes below 0.01 (``2^-7``, ``2^-8`` for 8 or 12 heads)
+    act as 0.01. This class reproduces that exactly: bias ``-max(slope, 0.01) * d``. It therefore
+    differs from ``alibi`` on the shallowest heads, which is why it is not an alias of it.
+    ``bias_a`` is a buffer (not trained) so checkpoints keep the reference key ``rpe.bias_a``.
+    """
+
+    kind = PositionKind.BIAS
+    state_dict_name = "rpe"
+
+    def __init__(
+        self,
+        *,
+        num_heads: int,
+        head_dim: int,
+        hidden_size: int,
+        max_positions: int,
+        head_offset: int = 0,
+        total_heads: int | None = None,
+    ) -> None:
+        super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
+        heads = global_head_indices(num_heads, head_offset, total_heads)
+        slopes = alibi_slopes(total_heads if total_heads is not None else head_offset + num_heads)
+        local = torch.tensor([slopes[h] for h in heads], dtype=torch.float32)
+        self.register_buffer("bias_a", local[:, None, None])
+
+    def distance_tables(
+        self, k_len: int, device: torch.device | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        distance = distance_vector(k_len, device)[None, :]
+        slopes = self.bias_a.to(distance.device, torch.float32).reshape(self.num_heads, 1).clamp(min=MIN_VALUE)
+        return -slopes * distance, None

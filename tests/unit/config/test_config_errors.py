@@ -1,0 +1,156 @@
+"""Every ConfigError names the file and the key, and says what would fix it."""
+
+from __future__ import annotations
+
+import pytest
+
+from kerple.config import ConfigError, cli_load, load_config, parse_overrides
+
+pytestmark = pytest.mark.usefixtures("fake_attention")
+
+
+def _error(paths, overrides=None) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_config(paths, overrides)
+    return info.value
+
+
+@pytest.mark.parametrize("typo", ["hiden_size", "hiden-size"])
+def test_unknown_key_suggests_the_closest(write, typo):
+    path = write("typo.yml", f"{typo}: 768\n")
+    error = _error([path])
+    assert error.file == path and error.key == typo
+    assert str(error).startswith(f"{path}: key '{typo}': unknown key")
+    assert "did you mean 'hidden_size'?" in str(error)
+
+
+def test_unknown_key_inside_a_block_suggests_within_the_block(write):
+    path = write("opt.yml", "optimizer:\n  type: Adam\n  params: {lrr: 0.1}\n")
+    error = _error([path])
+    assert error.key == "optimizer.params.lrr"
+    assert "did you mean 'optimizer.params.lr'?" in str(error) and path in str(error)
+
+
+def test_block_key_written_at_top_level_points_to_its_block(write):
+    error = _error([write("ls.yml", "loss_scale_window: 100\n")])
+    assert "'fp16.loss_scale_window'" in str(error)
+
+
+def test_unknown_key_from_the_command_line(write):
+    error = _error([write("ok.yml", "seed: 1\n")], {"sed": 2})
+    assert error.file == "<command line>" and "did you mean 'seed'?" in str(error)
+
+
+def test_wrong_type_says_expected_and_got(write):
+    path = write("t.yml", "num-layers: twelve\n")
+    error = _error([path])
+    assert error.file == path and error.key == "num-layers"
+    assert "expected int, got str ('twelve')" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("num_layers: 12.5\n", "expected int, got float"),
+        ("num_layers: true\n", "expected int, got bool"),
+        ("use_wandb: 1\n", "expected bool, got int"),
+        ("optimizer: {params: {betas: [0.9, fast]}}\n", "item 1: expected float, got str"),
+        ("attention_impl: fused\n", "expected one of 'eager', 'sdpa', 'flex', got 'fused'"),
+        ("attention_window: many\n", "expected int or null, got str"),
+    ],
+)
+def test_wrong_types(write, text, expected):
+    assert expected in str(_error([write("t.yml", text)]))
+
+
+def test_int_accepted_for_float(write):
+    cfg = load_config([write("t.yml", "optimizer: {params: {lr: 1}}\nwarmup: 0\n")])
+    assert cfg.optimizer.lr == 1.0 and type(cfg.optimizer.lr) is float
+    assert cfg.lr_schedule.warmup == 0.0 and type(cfg.lr_schedule.warmup) is float
+
+
+def test_hidden_size_not_divisible_by_heads(write):
+    path = write("m.yml", "hidden-size: 770\nnum-attention-heads: 12\n")
+    error = _error([path])
+    assert error.key == ("hidden-size", "num-attention-heads")
+    assert path in str(error) and "770" in str(error) and "not divisible" in str(error)
+
+
+def test_keys_from_two_files_name_both_files(write):
+    a = write("a.yml", "hidden-size: 770\n")
+    b = write("b.yml", "num-attention-heads: 12\n")
+    error = _error([a, b])
+    assert a in str(error) and b in str(error)
+
+
+def test_unknown_positional_embedding(write):
+    path = write("pe.yml", "pos_emb: kerple_logg\n")
+    error = _error([path])
+    assert error.file == path and error.key == "pos_emb"
+    assert "did you mean 'kerple_log'?" in str(error) and "alibi" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "detail"),
+    [
+        ("hidden-dropout: 1.5\n", "hidden-dropout", "must be <= 1.0"),
+        ("num-layers: 0\n", "num-layers", "must be >= 1"),
+        ("zero_optimization: {stage: 4}\n", "zero_optimization.stage", "0, 1, 2 or 3"),
+        ("split: 'a,b'\n", "split", "949,50,1"),
+        ("optimizer: {type: SGD}\n", "optimizer.type", "adam, adamw"),
+        ("sandwich_dim: 127\n", "sandwich_dim", "even"),
+        ("attention_config: [[[local], 12]]\n", "attention_config", "only 'global'"),
+        ("min_lr: 0.1\n", "min_lr", "above"),
+    ],
+)
+def test_invalid_values(write, text, key, detail):
+    path = write("v.yml", text)
+    error = _error([path])
+    assert path in str(error) and f"'{key}'" in str(error) and detail in str(error)
+
+
+def test_derived_key_cannot_be_set(write):
+    error = _error([write("d.yml", "padded_vocab_size: 50304\n")])
+    assert "cannot be set" in str(error) and error.key == "padded_vocab_size"
+
+
+def test_block_given_as_a_scalar(write):
+    error = _error([write("o.yml", "optimizer: adam\n")])
+    assert error.key == "optimizer" and "expected a mapping with keys params, type" in str(error)
+
+
+def test_missing_file(tmp_path):
+    missing = str(tmp_path / "nope.yml")
+    error = _error([missing])
+    assert error.file == missing and "cannot read" in str(error)
+
+
+def test_invalid_yaml(write):
+    path = write("bad.yml", "num_layers: [1, 2\n")
+    error = _error([path])
+    assert error.file == path and "not valid YAML" in str(error)
+
+
+def test_top_level_must_be_a_mapping(write):
+    error = _error([write("list.yml", "- 1\n- 2\n")])
+    assert "mapping" in str(error)
+
+
+def test_override_without_equals_sign():
+    with pytest.raises(ConfigError) as info:
+        parse_overrides(["seq_length"])
+    assert info.value.file == "<command line>" and "key=value" in str(info.value)
+
+
+def test_cli_load_prints_and_exits_with_status_2(write, capsys):
+    path = write("typo.yml", "hiden_size: 768\n")
+    with pytest.raises(SystemExit) as info:
+        cli_load([path], ["seed=1"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert path in err and "hiden_size" in err and "hidden_size" in err
+
+
+def test_cli_load_returns_the_config(write):
+    cfg = cli_load([write("ok.yml", "seed: 7\n")], ["num-layers=3"])
+    assert (cfg.training.seed, cfg.model.num_layers) == (7, 3)
