@@ -1,0 +1,93 @@
+"""Forward(+backward) time of a tiny GPT-NeoX per attention implementation on the current device.
+
+    python benchmarks/attention_impls.py [--lengths 512,2048] [--pos-emb kerple_log] [--repeats 3]
+
+Model: 2 layers, h=128, 4 heads, vocab 512, batch 1, fp32. Each implementation is timed for a
+forward under ``torch.no_grad`` (evaluation) and for forward+backward (a training step without the
+optimizer) where it has a backward on the device (FlexAttention has none on CPU in torch 2.13).
+flex is compiled once per length during the warm-up. Prints the median of ``--repeats`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from kerple import positional
+from kerple.model import GPTModel, unsupported_reason
+
+
+def _model(name: str, impl: str, device: torch.device) -> GPTModel:
+    torch.manual_seed(0)
+    pe = positional.build(name, num_heads=4, head_dim=32, hidden_size=128, max_positions=1 << 16)
+    return GPTModel(
+        num_layers=2, hidden_size=128, num_attention_heads=4, padded_vocab_size=512, positional=pe, attention_impl=impl
+    ).to(device)
+
+
+def _time(step, repeats: int, device: torch.device) -> float:
+    step()  # warm-up (and compilation for flex)
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(name: str, impl: str, length: int, repeats: int, device: torch.device, training: bool) -> float | None:
+    """Seconds of one forward (``training=False``) or forward+backward; None when unsupported."""
+    family = positional.family(name)
+    if unsupported_reason(impl, family.kind, family.learnable, device.type, training) is not None:
+        return None
+    model = _model(name, impl, device)
+    tokens = torch.randint(0, 512, (1, length + 1), device=device)
+
+    def train_step() -> None:
+        model.zero_grad(set_to_none=True)
+        logits = model(tokens[:, :-1])
+        F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+
+    def forward_step() -> None:
+        with torch.no_grad():
+            model(tokens[:, :-1])
+
+    if training:
+        return _time(train_step, repeats, device)
+    model.eval()
+    return _time(forward_step, repeats, device)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", default="512,2048")
+    parser.add_argument("--pos-emb", default="kerple_log")
+    parser.add_argument("--impls", default="eager,sdpa,flex")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    lengths = [int(length) for length in args.lengths.split(",")]
+    print(f"device={device} torch={torch.__version__} threads={torch.get_num_threads()} pos_emb={args.pos_emb}")
+    print("model: 2 layers, h=128, 4 heads, vocab 512, batch 1, fp32")
+    print(f"| impl | mode | " + " | ".join(f"{length} tok (s)" for length in lengths) + " |")
+    print("|---|---|" + "---|" * len(lengths))
+    for impl in args.impls.split(","):
+        for mode, training in (("fwd", False), ("fwd+bwd", True)):
+            cells = []
+            for length in lengths:
+                seconds = measure(args.pos_emb, impl, length, args.repeats, device, training)
+                cells.append("unsupported" if seconds is None else f"{seconds:.3f}")
+            print(f"| {impl} | {mode} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""Self-attention of GPT-NeoX with three interchangeable kernels: ``eager`` | ``sdpa`` | ``flex``.
+
+Reference order of operations (neox-compat §3):
+
+1. ``query_key_value`` is one fused linear ``[3h, h]`` whose output is viewed as
+   ``[b, s, heads, 3 * head_dim]``: rows are interleaved **per head** (q, k, v of head 0, then of
+   head 1, ...), as in Hugging Face's GPTNeoX.
+2. The positional embedding's ``rotate`` hook acts on q and k (a no-op for non-rotary embeddings).
+3. ``scores = q·kᵀ / sqrt(head_dim)``.
+4. ``scores = scores * logit_scale + bias`` from the embedding's per-head distance tables.
+5. Causal mask (plus the optional attention window of thesis §4.3.3: query ``i`` sees key ``j`` only
+   when ``0 <= i - j < W``), softmax, attention dropout, ``probs @ v``, ``dense``.
+
+The three kernels compute the same function (tests check agreement to 1e-5 in fp32):
+
+* ``eager`` restates the reference math with scores and softmax in fp32; the dense
+  ``[H, q, k]`` bias/scale are gathered from the distance tables.
+* ``sdpa`` calls ``torch.nn.functional.scaled_dot_product_attention`` with a materialized additive
+  float mask (bias + causal/window mask, in the query's dtype). A multiplicative logit scale
+  (KERPLE weight kernels, paper §5.3) cannot be expressed there, so that combination is refused.
+* ``flex`` calls FlexAttention with a ``score_mod`` that indexes the ``[H, k_len]`` tables by distance
+  (no ``L×L`` tensor) and a cached ``BlockMask`` for causal/window masking (see ``flex.py``).
+
+The layer never names an embedding: it only asks whether a table is ``None``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kerple.positional.base import PositionKind, causal_distances
+
+if TYPE_CHECKING:
+    from kerple.model.cache import KVCache
+    from kerple.model.flex import FlexAttentionKernel
+
+ATTENTION_IMPLS: tuple[str, ...] = ("eager", "sdpa", "flex")
+
+RotateFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def unsupported_reason(
+    impl: str, kind: PositionKind | str, learnable: bool, device_type: str, training: bool
+) -> str | None:
+    """Why ``impl`` cannot serve an embedding of ``kind`` on ``device_type``; ``None`` if it can.
+
+    ``learnable`` is part of the contract (config validation passes it) but no current kernel
+    refuses on it alone: every kernel with a backward also differentiates the distance tables.
+    """
+    kind = PositionKind(kind)
+    if impl not in ATTENTION_IMPLS:
+        return f"unknown attention_impl {impl!r}; choose one of {', '.join(ATTENTION_IMPLS)}"
+    if impl == "sdpa" and kind == PositionKind.WEIGHT:
+        return (
+            "a weight kernel multiplies the attention logits (scores * logit_scale + bias), which "
+            "scaled_dot_product_attention cannot express as an additive mask; use attention_impl: "
+            "eager or flex"
+        )
+    if impl == "flex" and training and device_type == "cpu":
+        return (
+            "FlexAttention has no backward on CPU in torch 2.13; use attention_impl: eager or sdpa "
+            "for training, flex for evaluation"
+        )
+    return None
+
+
+@dataclass
+class AttentionContext:
+    """Everything a layer's attention needs for one forward, built once by the model.
+
+    ``bias_table`` / ``scale_table`` are the embedding's float32 ``[H, k_len]`` distance tables
+    (``None`` when it has no such term). Keys are contiguous positions ending at the last query, so
+    query row ``i`` and key column ``j`` are at distance ``i - j + (k_len - q_len)``. The dense
+    ``[H, q_len, k_len]`` views used by eager/sdpa are gathered lazily, once per forward.
+    """
+
+    impl: str
+    q_len: int
+    k_len: int
+    q_positions: torch.Tensor  # [q_len] absolute positions of the new tokens
+    rotate: RotateFn
+    bias_table: torch.Tensor | None = None  # [H, k_len]
+    scale_table: torch.Tensor | None = None  # [H, k_len]
+    window: int | None = None
+    dropout_p: float = 0.0
+    cache: KVCache | None = None
+    flex: FlexAttentionKernel | None = None
+    _dense: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def distances(self) -> torch.Tensor:
+        """Causal distance ``[q_len, k_len]`` (int64, clamped at 0 above the diagonal)."""
+        if "distance" not in self._dense:
+            self._dense["distance"] = causal_distances(self.q_len, self.k_len, device=self.q_positions.device)
+        return self._dense["distance"]
+
+    def allowed(self) -> torch.Tensor:
+        """Bool ``[q_len, k_len]``: key ``j`` is visible to query ``i`` (causal and within the window)."""
+        if "allowed" not in self._dense:
+            query = torch.arange(self.k_len - self.q_len, self.k_len, device=self.q_positions.device)[:, None]
+            key = torch.arange(self.k_len, device=self.q_positions.device)[None, :]
+            signed = query - key  # [q, k]
+            allowed = signed >= 0
+            if self.window is not None:
+                allowed = allowed & (signed < self.window)
+            self._dense["allowed"] = allowed
+        return self._dense["allowed"]
+
+    def dense_bias(self) -> torch.Tensor | None:
+        """Additive bias ``[H, q_len, k_len]`` float32 gathered from ``bias_table``, or ``None``."""
+        if self.bias_table is None:
+            return None
+        if "bias" not in self._dense:
+            self._dense["bias"] = self.bias_table[:, self.distances()]
+        return self._dense["bias"]
+
+    def dense_scale(self) -> torch.Tensor | None:
+        """Logit scale ``[H, q_len, k_len]`` float32 gathered from ``scale_table``, or ``None``."""
+        if self.scale_table is None:
+            return None
+        if "scale" not in self._dense:
+            self._dense["scale"] = self.scale_table[:, self.distances()]
+        return self._dense["scale"]
+
+    def sdpa_mask(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """Additive float mask ``[1, H or 1, q_len, k_len]`` for SDPA; ``None`` when plain causal suffices."""
+        bias = self.dense_bias()
+        if bias is None and self.window is None and self.q_len == self.k_len:
+            return None  # SDPA's own is_causal path
+        key = f"sdpa_mask_{dtype}"
+        if key not in self._dense:
+            allowed = self.allowed()
+            base = bias if bias is not None else torch.zeros(1, *allowed.shape, device=allowed.device)
+            mask = base.masked_fill(~allowed, float("-inf"))  # [H|1, q, k]
+            self._dense[key] = mask.to(dtype)[None]
+        return self._dense[key]
+
+
+def eager_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, context: AttentionContext, training: bool
+) -> torch.Tensor:
+    """Reference math: fp32 ``scores * scale + bias``, causal/window mask, fp32 softmax, dropout.
+
+    ``query [b, H, q, d]``, ``key``/``value [b, H, k, d]`` -> ``[b, H, q, d]`` in ``value``'s dtype.
+    """
+    scores = torch.matmul(query.float(), key.float().transpose(-1, -2))  # [b, H, q, k]
+    scores = scores * (1.0 / math.sqrt(query.shape[-1]))
+    scale = context.dense_scale()
+    if scale is not None:
+        scores = scores * scale  # [H, q, k] broadcast over b
+    bias = context.dense_bias()
+    if bias is not None:
+        scores = scores + bias
+    scores = scores.masked_fill(~context.allowed(), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)  # [b, H, q, k]
+    probs = F.dropout(probs, p=context.dropout_p, training=training)
+    return torch.matmul(probs, value)  # [b, H, q, d]
+
+
+def sdpa_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, context: AttentionContext, training: bool
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` with a materialized additive mask (bias + causal/window)."""
+    if context.scale_table is not None:
+        raise ValueError(unsupported_reason("sdpa", PositionKind.WEIGHT, False, query.device.type, training))
+    mask = context.sdpa_mask(query.dtype)
+    dropout_p = context.dropout_p if training else 0.0
+    if mask is None:
+        return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
+
+
+def flex_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, context: AttentionContext, training: bool
+) -> torch.Tensor:
+    """FlexAttention over the distance tables (no ``L×L`` tensor); cached decoding goes to eager.
+
+    Incremental decoding (``q_len < k_len``) changes the shapes every step, which would recompile
+    the fused kernel each time; there the per-row bias is only ``[H, q_len, k_len]``, so the eager
+    kernel is used instead.
+    """
+    if context.q_len != context.k_len:
+        return eager_attention(query, key, value, context, training)
+    if training and context.dropout_p > 0.0:
+        raise ValueError("attention_impl flex does not implement attention dropout; set attention_dropout: 0")
+    if context.flex is None:
+        raise ValueError("attention_impl flex needs a FlexAttentionKernel in the attention context")
+    return context.flex(query, key, value, context.bias_table, context.scale_table, context.window)
+
+
+KERNELS: dict[str, Callable[..., torch.Tensor]] = {
+    "eager": eager_attention,
+    "sdpa": sdpa_attention,
+    "flex": flex_attention,
+}
+
+
+class SelfAttention(nn.Module):
+    """GPT-NeoX attention block: fused ``query_key_value`` ``[3h, h]`` and output ``dense`` ``[h, h]``.
+
+    The shared positional module is registered under this module by the model (so its tensors
+    appear as ``attention.<state_dict_name>.*`` in every layer, neox-compat §6); this class only
+    uses the hooks handed over in :class:`AttentionContext`.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, layer_index: int) -> None:
+        super().__init__()
+        if hidden_size % num_heads:
+            raise ValueError(f"hidden_size {hidden_size} is not divisible by num_attention_heads {num_heads}")
+        self.hidden_size = hidden_size
+        self.num_heads = num_heads
+        self.head_dim = hidden_size // num_heads
+        self.layer_index = layer_index
+        self.query_key_value = nn.Linear(hidden_size, 3 * hidden_size)
+        self.dense = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, hidden: torch.Tensor, context: AttentionContext) -> torch.Tensor:
+        """``hidden [b, s, h]`` -> ``[b, s, h]`` (before the residual)."""
+        batch, seq, _ = hidden.shape
+        qkv = self.query_key_value(hidden)  # [b, s, 3h]
+        qkv = qkv.view(batch, seq, self.num_heads, 3 * self.head_dim).transpose(1, 2)  # [b, H, s, 3d]
+        query, key, value = qkv.split(self.head_dim, dim=-1)  # each [b, H, s, d]
+        query, key = context.rotate(query, key, context.q_positions, context.q_positions)
+        if context.cache is not None:
+            key, value = context.cache.extend(self.layer_index, key, value)  # [b, H, k_len, d]
+        output = KERNELS[context.impl](query, key, value, context, self.training)  # [b, H, s, d]
+        output = output.transpose(1, 2).reshape(batch, seq, self.hidden_size)  # [b, s, h]
+        return self.dense(output)

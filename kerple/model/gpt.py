@@ -1,0 +1,294 @@
+"""GPT-NeoX language model with a pluggable positional embedding (neox-compat §3-4, §6).
+
+State-dict layout: ``sequential.<N>.<reference key>`` with the reference's pipeline indices
+(0 embedding, 2..L+1 layers, L+3 final norm, L+4 untied head), so the reference's per-layer file
+``layer_NN-model_00-model_states.pt`` holds exactly the keys under ``sequential.NN.``.
+
+The positional embedding is ONE module shared by all layers (KERPLE §2 of neox-compat: one set of
+parameters per model). Where it is registered decides its keys:
+
+* input embeddings (``kind == INPUT``: learned, sinusoidal) are adopted by stage 0, giving
+  ``sequential.0.position_embeddings.weight``;
+* every other embedding is registered under each layer's attention as
+  ``attention.<state_dict_name>`` (``attention.rpe.bias_p``, ``attention.alibi_embed.slopes``,
+  ``attention.rotary_emb.inv_freq``, ...; ``attention.positional`` when the embedding names no
+  reference module). PyTorch emits a shared module under every path, so each layer's keys hold the
+  same tensor, exactly like the reference's identical copies; ``parameters()`` yields it once and
+  ``load_state_dict`` writes every copy into the one tensor. Which buffers are persistent is the
+  embedding's decision (``register_buffer(..., persistent=...)``), made to match the reference's
+  key list.
+
+The distance tables are computed ONCE per forward and handed to every layer in an
+:class:`~kerple.model.attention.AttentionContext`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from kerple.model.attention import AttentionContext, unsupported_reason
+from kerple.model.cache import KVCache
+from kerple.model.flex import FlexAttentionKernel
+from kerple.model.init import init_function
+from kerple.model.transformer import EmbeddingStage, FinalNormStage, LMHeadStage, TransformerLayer
+from kerple.positional.base import PositionalEmbedding, PositionKind
+
+
+class GPTModel(nn.Module):
+    """GPT-NeoX decoder. ``forward(tokens [b, s]) -> logits [b, s, padded_vocab]``.
+
+    ``attention_impl`` and ``attention_window`` are plain attributes read at every forward (set
+    them through :meth:`set_attention` to have the combination validated), so evaluation can switch
+    kernels or windows on a trained model.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        hidden_size: int,
+        num_attention_heads: int,
+        padded_vocab_size: int,
+        positional: PositionalEmbedding,
+        norm: str = "layernorm",
+        layernorm_epsilon: float = 1e-5,  # the epsilon of whichever ``norm`` is chosen
+        activation: str = "gelu",
+        gpt_j_residual: bool = False,
+        no_weight_tying: bool = True,
+        hidden_dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        init_method: str = "normal",
+        output_layer_init_method: str = "scaled_normal",
+        init_method_std: float = 0.02,
+        attention_impl: str = "eager",
+        attention_window: int | None = None,
+        flex_compile: bool = True,
+    ) -> None:
+        super().__init__()
+        self.num_layers = num_layers
+        self.hidden_size = hidden_size
+        self.num_heads = num_attention_heads
+        self.vocab_size = padded_vocab_size
+        self.attention_dropout = attention_dropout
+        # A plain attribute, not a registered submodule: its tensors are registered where the
+        # reference stores them (see the module docstring).
+        object.__setattr__(self, "_positional", positional)
+        input_kind = positional.kind == PositionKind.INPUT
+
+        self.sequential = nn.ModuleDict()
+        self.sequential["0"] = EmbeddingStage(
+            padded_vocab_size, hidden_size, hidden_dropout, positional if input_kind else None
+        )
+        for index in range(num_layers):
+            layer = TransformerLayer(
+                hidden_size=hidden_size,
+                num_heads=num_attention_heads,
+                layer_index=index,
+                norm=norm,
+                layernorm_epsilon=layernorm_epsilon,
+                activation=activation,
+                hidden_dropout=hidden_dropout,
+                gpt_j_residual=gpt_j_residual,
+            )
+            if not input_kind:
+                layer.attention.add_module(positional.state_dict_name or "positional", positional)
+            self.sequential[str(index + 2)] = layer
+        self.sequential[str(num_layers + 3)] = FinalNormStage(norm, hidden_size, layernorm_epsilon)
+        if no_weight_tying:
+            self.sequential[str(num_layers + 4)] = LMHeadStage(hidden_size, padded_vocab_size)
+
+        self._flex = FlexAttentionKernel(compile=flex_compile)
+        self.attention_impl = "eager"
+        self.attention_window: int | None = None
+        self.set_attention(attention_impl, attention_window)
+        self._init_weights(init_method, output_layer_init_method, init_method_std)
+
+    # --- structure --------------------------------------------------------------------------
+    @property
+    def positional(self) -> PositionalEmbedding:
+        """The one positional module shared by every layer."""
+        return self._positional
+
+    @property
+    def embedding(self) -> EmbeddingStage:
+        return self.sequential["0"]
+
+    @property
+    def layers(self) -> list[TransformerLayer]:
+        return [self.sequential[str(index + 2)] for index in range(self.num_layers)]
+
+    @property
+    def final_norm(self) -> nn.Module:
+        return self.sequential[str(self.num_layers + 3)].norm
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """``final_linear.weight`` ``[V, h]``, or the word embeddings when tied."""
+        head = str(self.num_layers + 4)
+        if head in self.sequential:
+            return self.sequential[head].final_linear.weight
+        return self.embedding.word_embeddings.weight
+
+    def set_attention(self, impl: str | None = None, window: int | None | str = "keep") -> None:
+        """Switch the attention kernel and/or window; raises ``ValueError`` for a combination that cannot work.
+
+        ``window="keep"`` leaves the window unchanged; ``None`` removes it. Refusals that depend on
+        the device or on training (flex backward on CPU) are checked at every forward instead.
+        """
+        impl = self.attention_impl if impl is None else impl
+        reason = unsupported_reason(impl, self.positional.kind, self.positional.learnable, "cuda", training=False)
+        if reason is not None:
+            raise ValueError(reason)
+        if window != "keep":
+            if window is not None and int(window) < 1:
+                raise ValueError(f"attention_window must be >= 1 or None, got {window}")
+            self.attention_window = None if window is None else int(window)
+        self.attention_impl = impl
+
+    def _init_weights(self, init_method: str, output_layer_init_method: str, std: float) -> None:
+        """neox-compat §4: ``init_method`` for weights, ``output_layer_init_method`` for the output projections."""
+        sizes = {"std": std, "num_layers": self.num_layers, "hidden_size": self.hidden_size}
+        init_weight = init_function(init_method, **sizes)
+        init_output = init_function(output_layer_init_method, **sizes)
+        init_weight(self.embedding.word_embeddings.weight)
+        for layer in self.layers:
+            for linear, init in (
+                (layer.attention.query_key_value, init_weight),
+                (layer.attention.dense, init_output),
+                (layer.mlp.dense_h_to_4h, init_weight),
+                (layer.mlp.dense_4h_to_h, init_output),
+            ):
+                init(linear.weight)
+                nn.init.zeros_(linear.bias)
+            layer.input_layernorm.reset_parameters()
+            layer.post_attention_layernorm.reset_parameters()
+        self.final_norm.reset_parameters()
+        head = str(self.num_layers + 4)
+        if head in self.sequential:
+            init_weight(self.sequential[head].final_linear.weight)
+
+    def new_cache(self, window: int | None = None) -> KVCache:
+        """An empty :class:`KVCache` for incremental decoding (``window``: keep only the last W keys)."""
+        return KVCache(self.num_layers, window)
+
+    # --- forward ----------------------------------------------------------------------------
+    def _context(self, q_len: int, device: torch.device, cache: KVCache | None) -> AttentionContext:
+        """Distance tables (once per forward), positions and mask settings for every layer."""
+        start = 0 if cache is None else cache.position
+        k_len = q_len + (0 if cache is None else cache.cached_length)
+        window = self.attention_window
+        if cache is not None and cache.window is not None:
+            window = cache.window if window is None else min(window, cache.window)
+        training = self.training and torch.is_grad_enabled()
+        reason = unsupported_reason(
+            self.attention_impl, self.positional.kind, self.positional.learnable, device.type, training
+        )
+        if reason is not None:
+            raise ValueError(reason)
+        bias_table, scale_table = self.positional.distance_tables(k_len, device=device)
+        return AttentionContext(
+            impl=self.attention_impl,
+            q_len=q_len,
+            k_len=k_len,
+            q_positions=torch.arange(start, start + q_len, device=device),
+            rotate=self.positional.rotate,
+            bias_table=None if bias_table is None else bias_table.float(),  # [H, k_len]
+            scale_table=None if scale_table is None else scale_table.float(),  # [H, k_len]
+            window=window,
+            dropout_p=self.attention_dropout,
+            cache=cache,
+            flex=self._flex,
+        )
+
+    def hidden_states(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Final-normed hidden states ``[b, s, h]`` before the LM head.
+
+        With ``cache``, ``tokens`` continue the sequence held in the cache (positions start at
+        ``cache.position``) and the cache is extended and advanced.
+        """
+        context = self._context(tokens.shape[1], tokens.device, cache)
+        hidden = self.embedding(tokens, context.q_positions)  # [b, s, h]
+        for layer in self.layers:
+            hidden = layer(hidden, context)
+        if cache is not None:
+            cache.advance(tokens.shape[1])
+        return self.final_norm(hidden)
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """``tokens [b, s]`` -> logits ``[b, s, padded_vocab]`` (see :meth:`hidden_states` for ``cache``)."""
+        return F.linear(self.hidden_states(tokens, cache), self.lm_head_weight)
+
+    def chunked_loss(
+        self, tokens: torch.Tensor, labels: torch.Tensor, chunk_size: int = 1024, ignore_index: int = -100
+    ) -> torch.Tensor:
+        """Per-token cross entropy ``[b, s]`` (float32; 0 where ``labels == ignore_index``).
+
+        The LM head and the loss run on ``chunk_size`` positions at a time, so full-length fp32
+        logits ``[b, s, V]`` never exist (issue 7). Under autograd each chunk is recomputed in the
+        backward pass (activation checkpointing) so its logits are not kept either.
+        """
+        hidden = self.hidden_states(tokens)  # [b, s, h]
+        weight = self.lm_head_weight
+        losses = []
+        for start in range(0, tokens.shape[1], chunk_size):
+            piece = hidden[:, start : start + chunk_size]
+            target = labels[:, start : start + chunk_size]
+            if torch.is_grad_enabled() and (piece.requires_grad or weight.requires_grad):
+                loss = checkpoint(_chunk_cross_entropy, piece, weight, target, ignore_index, use_reentrant=False)
+            else:
+                loss = _chunk_cross_entropy(piece, weight, target, ignore_index)
+            losses.append(loss)
+        return torch.cat(losses, dim=1)
+
+
+def _chunk_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """``hidden [b, c, h]`` -> per-token loss ``[b, c]`` via fp32 logits of this chunk only."""
+    logits = F.linear(hidden, weight).float()  # [b, c, V]
+    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=ignore_index, reduction="none")
+    return loss.view_as(labels)
+
+
+def build_model(cfg: Any, *, flex_compile: bool = True) -> GPTModel:
+    """Build the model of ``cfg`` (a :class:`kerple.config.Config`; uses ``cfg.model``,
+    ``cfg.positional`` and ``cfg.attention``) with its positional embedding from the registry."""
+    from kerple import positional as positional_registry
+
+    model_cfg, positional_cfg, attention_cfg = cfg.model, cfg.positional, cfg.attention
+    max_positions = getattr(model_cfg, "max_position_embeddings", None) or model_cfg.seq_length
+    epsilon = {
+        "rmsnorm": getattr(model_cfg, "rms_norm_epsilon", 1e-8),
+        "scalenorm": getattr(model_cfg, "scalenorm_epsilon", 1e-8),
+    }.get(model_cfg.norm, model_cfg.layernorm_epsilon)
+    positional = positional_registry.build(
+        positional_cfg.pos_emb,
+        num_heads=model_cfg.num_attention_heads,
+        head_dim=model_cfg.head_dim,
+        hidden_size=model_cfg.hidden_size,
+        max_positions=max_positions,
+        **positional_cfg.options(),
+    )
+    return GPTModel(
+        num_layers=model_cfg.num_layers,
+        hidden_size=model_cfg.hidden_size,
+        num_attention_heads=model_cfg.num_attention_heads,
+        padded_vocab_size=model_cfg.padded_vocab_size,
+        positional=positional,
+        norm=model_cfg.norm,
+        layernorm_epsilon=epsilon,
+        activation=model_cfg.activation,
+        gpt_j_residual=model_cfg.gpt_j_residual,
+        no_weight_tying=model_cfg.no_weight_tying,
+        hidden_dropout=model_cfg.hidden_dropout,
+        attention_dropout=model_cfg.attention_dropout,
+        init_method=model_cfg.init_method,
+        output_layer_init_method=model_cfg.output_layer_init_method,
+        init_method_std=model_cfg.init_method_std,
+        attention_impl=attention_cfg.attention_impl,
+        attention_window=attention_cfg.attention_window,
+        flex_compile=flex_compile,
+    )

@@ -1,0 +1,99 @@
+"""Tiny models and an independent GPT-NeoX forward for the model tests."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from kerple import positional
+from kerple.model import GPTModel
+
+LAYERS, HIDDEN, HEADS, VOCAB = 2, 32, 4, 64
+HEAD_DIM = HIDDEN // HEADS
+
+
+def tiny_model(name: str, *, seed: int = 0, impl: str = "eager", window: int | None = None, **kwargs) -> GPTModel:
+    """A 2-layer, h=32, 4-head model with the registry's embedding ``name`` (flex not compiled)."""
+    torch.manual_seed(seed)
+    options = kwargs.pop("options", {})
+    pe = positional.build(name, num_heads=HEADS, head_dim=HEAD_DIM, hidden_size=HIDDEN, max_positions=128, **options)
+    kwargs.setdefault("flex_compile", False)
+    return GPTModel(
+        num_layers=LAYERS,
+        hidden_size=HIDDEN,
+        num_attention_heads=HEADS,
+        padded_vocab_size=VOCAB,
+        positional=pe,
+        attention_impl=impl,
+        attention_window=window,
+        **kwargs,
+    )
+
+
+def supported_impls(name: str) -> list[str]:
+    """Attention implementations that can run a forward for ``name`` (on CPU, evaluation)."""
+    from kerple.model.attention import unsupported_reason
+
+    cls = positional.family(name)
+    return [
+        impl
+        for impl in ("eager", "sdpa", "flex")
+        if unsupported_reason(impl, cls.kind, cls.learnable, "cpu", training=False) is None
+    ]
+
+
+def reference_forward(
+    state: dict[str, torch.Tensor],
+    tokens: torch.Tensor,
+    *,
+    num_layers: int,
+    num_heads: int,
+    bias: torch.Tensor | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """GPT-NeoX forward written from neox-compat §3-4 alone, reading weights by reference key.
+
+    ``bias`` is a dense ``[H, s, s]`` additive term on the scaled scores (``None``: no term).
+    Loops over heads and uses explicit per-head slicing of the fused QKV rows.
+    """
+    batch, seq = tokens.shape
+    hidden = state["sequential.0.word_embeddings.weight"][tokens]
+    if "sequential.0.position_embeddings.weight" in state:
+        hidden = hidden + state["sequential.0.position_embeddings.weight"][:seq]
+    width = hidden.shape[-1]
+    head_dim = width // num_heads
+
+    def layer_norm(x: torch.Tensor, prefix: str) -> torch.Tensor:
+        mean = x.mean(-1, keepdim=True)
+        var = ((x - mean) ** 2).mean(-1, keepdim=True)
+        return (x - mean) / torch.sqrt(var + 1e-5) * state[prefix + ".weight"] + state[prefix + ".bias"]
+
+    def linear(x: torch.Tensor, prefix: str) -> torch.Tensor:
+        return x @ state[prefix + ".weight"].T + state[prefix + ".bias"]
+
+    position = torch.arange(seq)
+    distance = position[:, None] - position[None, :]
+    visible = distance >= 0
+    if window is not None:
+        visible &= distance < window
+    for index in range(num_layers):
+        p = f"sequential.{index + 2}"
+        x = layer_norm(hidden, f"{p}.input_layernorm")
+        qkv = linear(x, f"{p}.attention.query_key_value")  # [b, s, 3h]
+        heads = []
+        for h in range(num_heads):
+            block = qkv[..., h * 3 * head_dim : (h + 1) * 3 * head_dim]
+            q, k, v = block[..., :head_dim], block[..., head_dim : 2 * head_dim], block[..., 2 * head_dim :]
+            scores = q @ k.transpose(-1, -2) / math.sqrt(head_dim)
+            if bias is not None:
+                scores = scores + bias[h]
+            scores = scores.masked_fill(~visible, -1e30)
+            heads.append(torch.softmax(scores, -1) @ v)
+        attention = linear(torch.cat(heads, -1), f"{p}.attention.dense")
+        hidden = hidden + attention
+        x = layer_norm(hidden, f"{p}.post_attention_layernorm")
+        hidden = hidden + linear(F.gelu(linear(x, f"{p}.mlp.dense_h_to_4h")), f"{p}.mlp.dense_4h_to_h")
+    hidden = layer_norm(hidden, f"sequential.{num_layers + 3}.norm")
+    return hidden @ state[f"sequential.{num_layers + 4}.final_linear.weight"].T

@@ -1,0 +1,126 @@
+"""build_model from a real Config, initialization, refusals, and a training step per embedding."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kerple import positional
+from kerple.config import load_config
+from kerple.model import GPTModel, build_model, unsupported_reason
+from kerple.positional.base import PositionKind
+from model_helpers import VOCAB, supported_impls, tiny_model
+
+TINY = {
+    "num_layers": 2,
+    "hidden_size": 32,
+    "num_attention_heads": 4,
+    "seq_length": 32,
+    "vocab_size": 60,
+    "make_vocab_size_divisible_by": 8,
+    "train_iters": 0,
+}
+
+
+def test_build_model_reads_every_section() -> None:
+    cfg = load_config(
+        [], {**TINY, "pos_emb": "kerple_power_ap_", "attention_impl": "sdpa", "attention_window": 8, "gpt_j_residual": True}
+    )
+    model = build_model(cfg)
+    assert isinstance(model, GPTModel)
+    assert model.positional.__class__ is positional.family("kerple_power")
+    assert model.attention_impl == "sdpa" and model.attention_window == 8
+    assert model.vocab_size == cfg.model.padded_vocab_size == 64
+    assert model.layers[0].gpt_j_residual
+    logits = model(torch.randint(0, 60, (1, 16)))
+    assert logits.shape == (1, 16, 64)
+
+
+def test_build_model_passes_positional_options() -> None:
+    cfg = load_config([], {**TINY, "pos_emb": "rotary", "rotary_pct": 0.5})
+    assert build_model(cfg).positional.rotary_ndims == 4
+
+
+def test_build_model_learned_table_size() -> None:
+    cfg = load_config([], {**TINY, "pos_emb": "learned", "max_position_embeddings": 48})
+    assert build_model(cfg).state_dict()["sequential.0.position_embeddings.weight"].shape == (48, 32)
+
+
+def test_initialization_follows_neox() -> None:
+    """N(0, 0.02) weights, N(0, 0.02/sqrt(2L)) output projections, zero biases, unit norms (neox-compat §4)."""
+    torch.manual_seed(0)
+    pe = positional.build("none", num_heads=8, head_dim=32, hidden_size=256, max_positions=64)
+    model = GPTModel(num_layers=8, hidden_size=256, num_attention_heads=8, padded_vocab_size=512, positional=pe)
+    state = model.state_dict()
+    out_std = 0.02 / math.sqrt(2 * 8)
+    for key, expected in [
+        ("sequential.0.word_embeddings.weight", 0.02),
+        ("sequential.2.attention.query_key_value.weight", 0.02),
+        ("sequential.2.mlp.dense_h_to_4h.weight", 0.02),
+        ("sequential.12.final_linear.weight", 0.02),
+        ("sequential.2.attention.dense.weight", out_std),
+        ("sequential.9.mlp.dense_4h_to_h.weight", out_std),
+    ]:
+        assert state[key].std().item() == pytest.approx(expected, rel=0.05), key
+    assert all(state[key].abs().sum() == 0 for key in state if key.endswith(".bias") and "norm" not in key)
+    assert torch.equal(state["sequential.11.norm.weight"], torch.ones(256))
+
+
+@pytest.mark.parametrize(
+    "method,expected", [("small_init", math.sqrt(2 / (5 * 256))), ("wang_init", 2 / 8 / math.sqrt(256))]
+)
+def test_named_init_methods(method: str, expected: float) -> None:
+    pe = positional.build("none", num_heads=8, head_dim=32, hidden_size=256, max_positions=64)
+    model = GPTModel(
+        num_layers=8, hidden_size=256, num_attention_heads=8, padded_vocab_size=512, positional=pe,
+        init_method=method, output_layer_init_method=method,
+    )
+    assert model.sequential["2"].mlp.dense_4h_to_h.weight.std().item() == pytest.approx(expected, rel=0.05)
+
+
+def test_unknown_init_method_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown init method 'bogus'"):
+        tiny_model("none", init_method="bogus")
+
+
+def test_unsupported_reason_cases() -> None:
+    assert "weight kernel" in unsupported_reason("sdpa", PositionKind.WEIGHT, True, "cuda", False)
+    assert unsupported_reason("sdpa", "bias", True, "cpu", True) is None
+    assert unsupported_reason("flex", PositionKind.WEIGHT, True, "cuda", True) is None
+    assert unsupported_reason("flex", PositionKind.BIAS, True, "cpu", False) is None
+    assert unsupported_reason("flex", PositionKind.BIAS, True, "cpu", True) == (
+        "FlexAttention has no backward on CPU in torch 2.13; use attention_impl: eager or sdpa for training, "
+        "flex for evaluation"
+    )
+    assert "unknown attention_impl 'fast'" in unsupported_reason("fast", PositionKind.NONE, False, "cpu", False)
+    assert unsupported_reason("eager", PositionKind.WEIGHT, True, "cpu", True) is None
+
+
+def test_model_refuses_unsupported_combinations() -> None:
+    with pytest.raises(ValueError, match="weight kernel"):
+        tiny_model("kerple_wht", impl="sdpa")
+    with pytest.raises(ValueError, match="unknown attention_impl"):
+        tiny_model("alibi").set_attention("fast")
+    model = tiny_model("alibi", impl="flex").train()
+    with pytest.raises(ValueError, match="no backward on CPU"):
+        model(torch.randint(0, VOCAB, (1, 8)))
+
+
+@pytest.mark.parametrize("name", positional.names())
+def test_training_step_is_finite(name: str) -> None:
+    tokens = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(0))
+    for impl in [impl for impl in supported_impls(name) if impl != "flex"]:
+        model = tiny_model(name, impl=impl, hidden_dropout=0.1, attention_dropout=0.1).train()
+        loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        assert torch.isfinite(loss)
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("norm,activation", [("rmsnorm", "swish"), ("scalenorm", "relu")])
+def test_other_norms_and_activations_run(norm: str, activation: str) -> None:
+    model = tiny_model("alibi", norm=norm, activation=activation, layernorm_epsilon=1e-8)
+    assert torch.isfinite(model(torch.randint(0, VOCAB, (1, 8)))).all()
