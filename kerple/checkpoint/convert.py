@@ -1,0 +1,188 @@
+"""``tools/convert_checkpoint.py``: between GPT-NeoX/KERPLE, kerple and Hugging Face layouts.
+
+    python tools/convert_checkpoint.py SRC OUT --to kerple [--model-parallel 1] [--layout pipeline]
+    python tools/convert_checkpoint.py SRC OUT --to neox --model-parallel 2 --layout sequential
+    python tools/convert_checkpoint.py SRC OUT --to hf [--hf-target gpt_neox|gpt2|kerple]
+    python tools/convert_checkpoint.py HF_FOLDER OUT --to kerple
+
+``SRC`` is a checkpoint directory (``latest`` or ``--iteration``; any layout and model-parallel
+size) or a Hugging Face folder. The model's config comes from ``--config a.yml ... [key=value]``
+when given (and is then checked against the checkpoint, naming every mismatch), else from the
+checkpoint itself (``args``, ``configs/*.yml`` and tensor shapes). Tensors are copied bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import yaml
+
+from kerple.checkpoint.errors import CheckpointError
+from kerple.checkpoint.huggingface import export_huggingface, import_huggingface
+from kerple.checkpoint.loading import check_architecture, checkpoint_architecture
+from kerple.checkpoint.reference import read_checkpoint
+from kerple.checkpoint.writer import write_checkpoint
+
+_OPTION_KEYS = (
+    "gpt_j_residual",
+    "norm",
+    "activation",
+    "layernorm_epsilon",
+    "rotary_pct",
+    "rotary_emb_base",
+    "rpe_num_buckets",
+    "rpe_max_distance",
+    "alibi_slope_shift",
+    "alibi_equal_slope",
+    "sandwich_dim",
+    "seq_length",
+    "tokenizer_type",
+)
+
+
+def config_from_checkpoint(ckpt: Any) -> dict[str, Any]:
+    """Flat kerple config keys describing a checkpoint read by :func:`read_checkpoint`."""
+    arch = checkpoint_architecture(ckpt)
+    recorded = {**ckpt.config, **ckpt.args, **(ckpt.args.get("positional_options") or {})}
+    heads = arch.get("num_attention_heads")
+    if heads is None or arch.get("pos_emb") is None:
+        missing = "num_attention_heads" if heads is None else "pos_emb"
+        raise CheckpointError(f"{ckpt.path}: {missing} is not recorded in args or configs/; pass --config")
+    values: dict[str, Any] = {
+        "num_layers": arch["num_layers"],
+        "hidden_size": arch["hidden_size"],
+        "num_attention_heads": heads,
+        "vocab_size": arch["padded_vocab_size"],
+        "make_vocab_size_divisible_by": 1,
+        "no_weight_tying": arch["no_weight_tying"],
+        "pos_emb": arch["pos_emb"],
+    }
+    for key in _OPTION_KEYS:
+        if recorded.get(key) is not None:
+            values[key] = recorded[key]
+    if "max_position_embeddings" in arch:
+        values["max_position_embeddings"] = arch["max_position_embeddings"]
+    elif recorded.get("max_position_embeddings"):
+        values["max_position_embeddings"] = recorded["max_position_embeddings"]
+    return values
+
+
+def _reference_pos_emb(name: str) -> str:
+    """The reference's spelling of a canonical registry name (``kerple_power`` -> ``kerple_power_ap_``)."""
+    from kerple import positional
+
+    for alias, target in positional.aliases().items():
+        if target == name and alias.startswith("kerple_power"):
+            return alias
+    return name
+
+
+def _neox_yaml(config: dict[str, Any]) -> dict[str, Any]:
+    keys = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings",
+            "no_weight_tying", "gpt_j_residual", "norm", "activation", "rotary_pct", "make_vocab_size_divisible_by")
+    out = {key: config[key] for key in keys if config.get(key) is not None}
+    out["pos_emb"] = _reference_pos_emb(str(config.get("pos_emb", "learned")))
+    return out
+
+
+def _architecture_args(cfg: Any, model_parallel_size: int) -> dict[str, Any]:
+    try:
+        from kerple.training.run_state import architecture_args
+
+        args = architecture_args(cfg)
+    except ImportError:
+        args = {name: getattr(cfg.model, name) for name in ("num_layers", "hidden_size", "num_attention_heads", "padded_vocab_size")}
+        args["pos_emb"] = cfg.positional.pos_emb
+    args["model_parallel_size"] = model_parallel_size
+    return args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="convert_checkpoint.py", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("source", help="checkpoint directory or Hugging Face folder")
+    parser.add_argument("output", help="output directory (must not hold a checkpoint of the same iteration)")
+    parser.add_argument("--to", choices=("kerple", "neox", "hf"), required=True)
+    parser.add_argument("--config", nargs="*", default=[], help="YAML files and key=value overrides of the model")
+    parser.add_argument("--iteration", type=int)
+    parser.add_argument("--model-parallel", type=int, default=1, help="model-parallel size of the output (kerple/neox)")
+    parser.add_argument("--layout", choices=("pipeline", "sequential"), default="pipeline")
+    parser.add_argument("--output-layer-parallelism", choices=("column", "row"), default="column",
+                        help="how the untied LM head is split over model-parallel ranks (neox output)")
+    parser.add_argument("--hf-target", choices=("gpt_neox", "gpt2", "kerple"), help="default: chosen from pos_emb")
+    parser.add_argument("--tokenizer-files", nargs="*", help="default: vocab_file/merge_file/tokenizer_file of the config")
+    parser.add_argument("--trust-checkpoint", action="store_true", help="allow pickles that may run code (trusted files only)")
+    return parser
+
+
+def convert(args: argparse.Namespace) -> Path:
+    """Run one conversion; returns the written directory."""
+    from kerple.config import load_config, parse_overrides
+
+    source = Path(args.source)
+    if (source / "model.safetensors").is_file():
+        state, source_config = import_huggingface(source)
+        iteration, ckpt = args.iteration or 0, None
+    else:
+        ckpt = read_checkpoint(source, args.iteration, trust=args.trust_checkpoint)
+        state, iteration = ckpt.state_dict, ckpt.iteration
+        source_config = config_from_checkpoint(ckpt)
+    yamls = [item for item in args.config if "=" not in item]
+    overrides = parse_overrides([item for item in args.config if "=" in item])
+    if yamls or overrides:
+        cfg = load_config(yamls, overrides)
+        if ckpt is not None:
+            check_architecture(ckpt, cfg)
+    else:
+        cfg = load_config([], source_config)
+    flat = cfg.to_dict()
+    flat["padded_vocab_size"] = cfg.model.padded_vocab_size
+    out = Path(args.output)
+    if args.to == "hf":
+        files = args.tokenizer_files
+        if files is None:
+            data = cfg.data
+            files = [f for f in (data.vocab_file, data.merge_file, data.tokenizer_file) if f and Path(f).is_file()]
+        eos = 50256 if cfg.data.tokenizer_type == "GPT2BPETokenizer" and cfg.model.padded_vocab_size > 50256 else None
+        return export_huggingface(state, flat, out, target=args.hf_target, tokenizer_files=files, eos_token_id=eos)
+    flavor = "neox" if args.to == "neox" else "kerple"
+    if flavor == "neox":
+        text = yaml.safe_dump({key.replace("_", "-"): value for key, value in _neox_yaml(flat).items()}, sort_keys=False)
+    else:
+        text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+    return write_checkpoint(
+        out,
+        state,
+        iteration=iteration,
+        args=_architecture_args(cfg, args.model_parallel),
+        layout=args.layout,
+        model_parallel_size=args.model_parallel,
+        flavor=flavor,
+        config_files={"config.yml": text},
+        output_layer_parallelism=args.output_layer_parallelism,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: prints the output path, or the error and exits with 2."""
+    from kerple.config import ConfigError
+
+    args = build_parser().parse_args(argv)
+    try:
+        written = convert(args)
+    except (CheckpointError, ConfigError) as err:
+        print(f"convert_checkpoint.py: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {written}")
+    return 0
+
+
+def state_dicts_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
+    """Keys whose tensors differ (missing keys included); empty when ``a`` and ``b`` are identical."""
+    names = sorted(set(a) | set(b))
+    return [n for n in names if n not in a or n not in b or a[n].dtype != b[n].dtype or not torch.equal(a[n], b[n])]

@@ -1,0 +1,288 @@
+"""Read GPT-NeoX / KERPLE checkpoint directories (neox-compat §6) into one full state dict.
+
+Handles:
+
+* the directory given either as the ``save`` folder (``latest`` names the tag, or ``iteration``
+  picks ``global_step<N>``) or as the tag folder itself;
+* the **pipeline** layout, ``layer_<II>-model_<MM>-model_states.pt`` with the index gaps
+  (0 embedding, 2..L+1 layers, L+3 final norm, L+4 head; 1 and L+2 have no file), and the
+  **sequential** layout, ``sequential.<N>.`` keys in ``mp_rank_<MM>_model_states.pt['module']``;
+* several model-parallel ranks, merged with :func:`kerple.checkpoint.sharding.merge_model_parallel`;
+* the shared positional tensors (``attention.rpe.bias_p`` ...) stored in every layer: the copies
+  must agree (:func:`~kerple.checkpoint.sharding.check_shared_positional`);
+* the reference's ``pos_emb`` strings (``kerple_power_ap_`` ...) resolved by the registry, from
+  ``args`` or from the run's ``configs/*.yml``.
+
+Every file is read with :func:`kerple.checkpoint.safe_load.safe_torch_load` (no code runs unless
+``trust``). The result keeps this project's key names: ``sequential.<N>.<reference key>``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from kerple.checkpoint.errors import CheckpointError, ModelParallelError
+from kerple.checkpoint.safe_load import safe_torch_load
+from kerple.checkpoint.sharding import ShardSpec, check_shared_positional, merge_model_parallel, split_key
+
+LATEST_FILE = "latest"
+LAYER_FILE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
+MP_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+TAG_STEP = re.compile(r"(\d+)$")
+QKV_KEY = "attention.query_key_value.weight"
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A checkpoint read into memory.
+
+    ``state_dict``: full (model-parallel merged) tensors keyed ``sequential.<N>.<key>``, dtypes as
+    stored. ``args``: the ``args`` record of ``mp_rank_00`` as a dict. ``config``: the merged
+    ``configs/*.yml`` with keys normalised to underscores (empty when absent). ``pos_emb``: the
+    canonical registry name, or the raw string when the registry does not know it, or ``None``.
+    """
+
+    path: Path
+    iteration: int
+    layout: str
+    model_parallel_size: int
+    state_dict: dict[str, torch.Tensor]
+    args: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    pos_emb: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    is_kerple_format: bool = False
+
+    @property
+    def num_layers(self) -> int:
+        """Number of transformer layers (files or keys holding ``attention.query_key_value.weight``)."""
+        return len(transformer_indices(self.state_dict))
+
+
+def transformer_indices(state: dict[str, torch.Tensor]) -> list[int]:
+    """Sorted pipeline indices whose keys include the fused QKV weight."""
+    return sorted({split_key(name)[0] for name in state if split_key(name)[1] == QKV_KEY})
+
+
+def _looks_like_checkpoint(path: Path) -> bool:
+    return path.is_dir() and any(LAYER_FILE.match(p.name) or MP_FILE.match(p.name) for p in path.iterdir())
+
+
+def resolve_checkpoint_dir(load_dir: str | Path, iteration: int | None = None) -> Path:
+    """The tag directory to read: ``load_dir/global_step<iteration>``, the tag named by
+    ``load_dir/latest``, or ``load_dir`` itself when it already holds checkpoint files."""
+    root = Path(load_dir)
+    if not root.is_dir():
+        raise CheckpointError(f"checkpoint directory {root} does not exist")
+    if iteration is not None:
+        candidate = root / f"global_step{int(iteration)}"
+        if candidate.is_dir():
+            return candidate
+        if _looks_like_checkpoint(root) and TAG_STEP.search(root.name) and int(TAG_STEP.search(root.name).group(1)) == iteration:
+            return root
+        available = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("global_step"))
+        raise CheckpointError(f"no checkpoint {candidate} (available in {root}: {', '.join(available) or 'none'})")
+    latest = root / LATEST_FILE
+    if latest.is_file():
+        tag = latest.read_text().strip()
+        if not tag or not (root / tag).is_dir():
+            raise CheckpointError(f"{latest} names {tag!r}, which is not a directory in {root}; pass the iteration explicitly")
+        return root / tag
+    if _looks_like_checkpoint(root):
+        return root
+    tags = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("global_step"))
+    hint = f" (it has {', '.join(tags)}: pass the iteration)" if tags else ""
+    raise CheckpointError(f"{root} has no '{LATEST_FILE}' file and no checkpoint files{hint}")
+
+
+def _plain_args(args: Any) -> dict[str, Any]:
+    if args is None:
+        return {}
+    if isinstance(args, dict):
+        return dict(args)
+    if hasattr(args, "__dict__"):
+        return dict(vars(args))
+    return {}
+
+
+def read_config_files(checkpoint_dir: Path) -> dict[str, Any]:
+    """Merge ``configs/*.yml`` (sorted by name) with keys normalised to underscores; later files win."""
+    merged: dict[str, Any] = {}
+    folder = checkpoint_dir / "configs"
+    if not folder.is_dir():
+        return merged
+    for path in sorted(list(folder.glob("*.yml")) + list(folder.glob("*.yaml")) + list(folder.glob("*.json"))):
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            raise CheckpointError(f"cannot parse {path}: {err}") from err
+        if isinstance(data, dict):
+            merged.update({str(key).replace("-", "_"): value for key, value in data.items()})
+    return merged
+
+
+def canonical_pos_emb(name: str | None) -> str | None:
+    """The registry name of a reference ``pos_emb`` string (unknown strings are returned as given)."""
+    if name is None:
+        return None
+    from kerple import positional
+
+    try:
+        return positional.canonical(str(name))
+    except KeyError:
+        return str(name)
+
+
+def infer_pos_emb(state: dict[str, torch.Tensor]) -> str | None:
+    """The embedding implied by the tensors, or ``None`` when they do not tell (KERPLE log vs power)."""
+    keys = {split_key(name)[1] for name in state}
+    if "position_embeddings.weight" in keys:
+        return "learned"
+    if "attention.rotary_emb.inv_freq" in keys:
+        return "rotary"
+    if "attention.alibi_embed.slopes" in keys:
+        return "alibi"
+    if "attention.rpe.weight" in keys:
+        return "rpe"
+    return None  # KERPLE log vs power, none / sinusoidal / sandwich: the tensors do not tell
+
+
+def _strip_prefix(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Drop a DeepSpeed ``module.`` prefix; keep only tensors."""
+    out = {}
+    for name, value in state.items():
+        if name.startswith("module."):
+            name = name[len("module.") :]
+        if isinstance(value, torch.Tensor):
+            out[name] = value
+    return out
+
+
+def _read_pipeline(checkpoint_dir: Path, trust: bool) -> list[dict[str, torch.Tensor]]:
+    """Per model-parallel rank, ``{sequential.N.key: tensor}`` from the layer files."""
+    files: dict[int, dict[int, Path]] = {}
+    for path in checkpoint_dir.iterdir():
+        match = LAYER_FILE.match(path.name)
+        if match:
+            files.setdefault(int(match.group(2)), {})[int(match.group(1))] = path
+    ranks = sorted(files)
+    if ranks != list(range(len(ranks))):
+        raise ModelParallelError(
+            f"{checkpoint_dir} has layer files for model-parallel ranks {ranks}; ranks 0..{max(ranks)} must all be present"
+        )
+    indices = sorted(files[0])
+    for rank in ranks[1:]:
+        if sorted(files[rank]) != indices:
+            raise ModelParallelError(
+                f"{checkpoint_dir}: rank model_{rank:02d} has layer files {sorted(files[rank])}, rank model_00 has {indices}"
+            )
+    out = []
+    for rank in ranks:
+        state: dict[str, torch.Tensor] = {}
+        for index in indices:
+            tensors = safe_torch_load(files[rank][index], trust=trust)
+            if not isinstance(tensors, dict):
+                raise CheckpointError(f"{files[rank][index]} does not hold a state dict (found {type(tensors).__name__})")
+            state.update({f"sequential.{index}.{key}": value for key, value in _strip_prefix(tensors).items()})
+        out.append(state)
+    return out
+
+
+def _check_indices(state: dict[str, torch.Tensor], source: Path) -> None:
+    """The pipeline indices must follow neox-compat §6: 0, 2..L+1, L+3, (L+4)."""
+    layers = transformer_indices(state)
+    if not layers:
+        raise CheckpointError(f"{source}: no transformer layer holds {QKV_KEY!r}; this is not a GPT-NeoX checkpoint")
+    count = len(layers)
+    expected = list(range(2, count + 2))
+    present = sorted({split_key(name)[0] for name in state})
+    allowed = {0, *expected, count + 3, count + 4}
+    if layers != expected or not set(present) <= allowed:
+        raise CheckpointError(
+            f"{source}: pipeline indices {present} do not follow the GPT-NeoX layout for {count} layers "
+            f"(0 embedding, 2..{count + 1} layers, {count + 3} final norm, {count + 4} head)"
+        )
+
+
+def read_checkpoint(
+    load_dir: str | Path, iteration: int | None = None, *, trust: bool = False, num_heads: int | None = None
+) -> LoadedCheckpoint:
+    """Read a GPT-NeoX/KERPLE (or this project's) checkpoint and merge its model-parallel ranks.
+
+    ``num_heads`` is used when the checkpoint's ``args`` lack ``num_attention_heads`` (needed to
+    merge per-head positional tensors).
+    """
+    checkpoint_dir = resolve_checkpoint_dir(load_dir, iteration)
+    mp_files = sorted(
+        (int(m.group(1)), p) for p in checkpoint_dir.iterdir() if (m := MP_FILE.match(p.name)) is not None
+    )
+    meta: dict[str, Any] = {}
+    if mp_files:
+        loaded = safe_torch_load(mp_files[0][1], trust=trust)
+        meta = loaded if isinstance(loaded, dict) else {}
+    has_layer_files = any(LAYER_FILE.match(p.name) for p in checkpoint_dir.iterdir())
+    if has_layer_files:
+        layout = "pipeline"
+        ranks = _read_pipeline(checkpoint_dir, trust)
+    elif isinstance(meta.get("module"), dict):
+        layout = "sequential"
+        numbers = [number for number, _ in mp_files]
+        if numbers != list(range(len(numbers))):
+            raise ModelParallelError(f"{checkpoint_dir} has mp_rank files {numbers}; ranks 0..{max(numbers)} must all be present")
+        ranks = [_strip_prefix(meta["module"])]
+        for _, path in mp_files[1:]:
+            other = safe_torch_load(path, trust=trust)
+            if not isinstance(other, dict) or not isinstance(other.get("module"), dict):
+                raise CheckpointError(f"{path} has no 'module' state dict, unlike mp_rank_00")
+            ranks.append(_strip_prefix(other["module"]))
+    else:
+        raise CheckpointError(
+            f"{checkpoint_dir} has neither layer_*-model_*-model_states.pt files nor a 'module' state dict in "
+            "mp_rank_00_model_states.pt"
+        )
+    args = _plain_args(meta.get("args"))
+    declared = args.get("model_parallel_size")
+    if declared is not None and int(declared) != len(ranks):
+        raise ModelParallelError(
+            f"{checkpoint_dir}: args.model_parallel_size is {declared} but the {layout} files hold {len(ranks)} "
+            "model-parallel rank(s); the checkpoint is incomplete"
+        )
+    for rank, state in enumerate(ranks):
+        check_shared_positional(state, f"{checkpoint_dir} (model-parallel rank {rank})")
+    config = read_config_files(checkpoint_dir)
+    heads = args.get("num_attention_heads") or config.get("num_attention_heads") or num_heads
+    if len(ranks) > 1 and not heads:
+        raise ModelParallelError(
+            f"{checkpoint_dir}: cannot merge {len(ranks)} model-parallel ranks without num_attention_heads "
+            "(not in args or configs/); pass it from the config"
+        )
+    embedding = next((t for n, t in ranks[0].items() if n.endswith(".word_embeddings.weight")), None)
+    hidden = int(embedding.shape[1]) if embedding is not None else int(args.get("hidden_size", 0))
+    state = merge_model_parallel(ranks, ShardSpec(num_heads=int(heads or 0), hidden_size=hidden))
+    _check_indices(state, checkpoint_dir)
+    step = meta.get("iteration", meta.get("global_steps"))
+    if step is None:
+        found = TAG_STEP.search(checkpoint_dir.name)
+        step = int(found.group(1)) if found else 0
+    pos_emb = args.get("pos_emb", config.get("pos_emb"))
+    if pos_emb is None:
+        # a saved reference config without pos-emb means its default; else read the tensors
+        pos_emb = "learned" if config else infer_pos_emb(state)
+    return LoadedCheckpoint(
+        path=checkpoint_dir,
+        iteration=int(step),
+        layout=layout,
+        model_parallel_size=len(ranks),
+        state_dict=state,
+        args=args,
+        config=config,
+        pos_emb=canonical_pos_emb(pos_emb),
+        meta={k: v for k, v in meta.items() if k not in ("module", "optimizer")},
+        is_kerple_format="kerple_checkpoint_format" in meta,
+    )
