@@ -1,0 +1,16 @@
+"""Merge and validate the YAML configs once, then launch train.py on every rank.
+
+    python deepy.py train.py configs/models/162M.yml configs/pe/kerple_log.yml configs/data/github.yml
+    python deepy.py train.py <ymls> [key=value ...] [--hostfile H] [--num_gpus N] [--include S]
+
+The resolved config is written to <log_dir>/resolved-config-*.yml and that one file is passed to
+every rank. CUDA: DeepSpeed's launcher; CPU: torch.distributed.run with gloo. See
+kerple/training/cli.py.
+"""
+
+import sys
+
+from kerple.training.cli import deepy_main
+
+if __name__ == "__main__":
+    sys.exit(deepy_main(sys.argv[1:]))

@@ -1,0 +1,57 @@
+"""Which samples each rank reads at each micro-step, derived from the consumed-sample count alone.
+
+The reference's ``MegatronPretrainingSampler`` walks the (already shuffled) ``GPT2Dataset``
+sequentially; so does this feed. Global step ``n`` reads samples
+``[consumed, consumed + global_batch)`` where ``consumed = n * global_batch``; inside it, micro-step
+``m`` of data-parallel rank ``r`` reads the ``micro_batch`` samples starting at
+``consumed + (m * dp + r) * micro_batch``. Because the position is a pure function of
+``consumed_train_samples``, storing that one number in the checkpoint resumes the data exactly,
+and a 2-rank run sees the same samples per optimizer step as a 1-rank run with the same global
+batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class DataTooShortError(ValueError):
+    """The dataset provides fewer samples than the run needs."""
+
+
+@dataclass
+class BatchFeed:
+    dataset: Any
+    micro_batch_size: int
+    accumulation_steps: int
+    data_parallel_size: int
+    data_parallel_rank: int
+    device: torch.device
+    eod_token: int | None = None  # set when eod_mask_loss: labels after an EOD are ignored
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch_size * self.accumulation_steps * self.data_parallel_size
+
+    def check_length(self, samples_needed: int, what: str) -> None:
+        available = len(self.dataset)
+        if available < samples_needed:
+            raise DataTooShortError(
+                f"the {what} dataset has {available} samples but the run needs {samples_needed}; "
+                "lower train_iters/eval_iters or the batch size, or use more data"
+            )
+
+    def micro_batch(self, consumed: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(tokens, labels)``, each int64 ``[micro_batch, seq_len]`` on the feed's device."""
+        start = consumed + (micro_step * self.data_parallel_size + self.data_parallel_rank) * self.micro_batch_size
+        rows = [np.asarray(self.dataset[start + i]["text"], dtype=np.int64) for i in range(self.micro_batch_size)]
+        text = torch.from_numpy(np.stack(rows))  # [b, s + 1]
+        tokens, labels = text[:, :-1].contiguous(), text[:, 1:].contiguous()
+        if self.eod_token is not None:
+            # the reference's eod_mask_loss: do not predict the token that follows an EOD
+            labels = labels.masked_fill(tokens == self.eod_token, -100)
+        return tokens.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)

@@ -1,0 +1,410 @@
+"""Checkpoints in the reference's pipeline layout (neox-compat §6), written atomically.
+
+Layout under the ``save`` directory::
+
+    latest                                          text: the tag of the newest complete checkpoint
+    global_step<N>/layer_<II>-model_<MM>-model_states.pt   one per pipeline index II holding tensors
+    global_step<N>/mp_rank_<MM>_model_states.pt     iteration, args, RNG, optimizer, scheduler, data
+    global_step<N>/zero_pp_rank_<D>_mp_rank_<MM>_optim_states.pt   only for sharded optimizers
+    global_step<N>/configs/<name>.yml               the resolved config of the run
+
+Layer files hold exactly the model's ``sequential.<II>.`` keys with that prefix removed, so indices
+1 and L+2 (parameter-free stages) have no file, as in the released KERPLE checkpoints.
+
+Optimizer state: a plain ``torch.optim`` optimizer (fp32, ZeRO 0) and DeepSpeed's unpartitioned fp16
+wrapper are stored under ``optimizer`` in ``mp_rank_MM_model_states.pt``, like the reference. Wrappers
+that partition the fp32 master weights over data-parallel ranks (ZeRO 1/2, and DeepSpeed's bf16
+optimizer) are stored one file per data-parallel rank in DeepSpeed's own file naming; resuming them
+needs the same data-parallel size.
+
+Atomicity: every rank writes into ``.tmp-global_step<N>``; after a barrier rank 0 renames it to
+``global_step<N>`` and only then replaces ``latest`` (write-to-temp + ``os.replace``). A process
+killed at any moment leaves ``latest`` pointing at a complete checkpoint; stale temporary
+directories are removed by the next save. Loading never executes pickled code
+(``torch.load(weights_only=True)``; DeepSpeed's loss-scaler classes are allow-listed).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+LATEST_FILE = "latest"
+TMP_PREFIX = ".tmp-"
+TAG_PATTERN = re.compile(r"^global_step(\d+)$")
+LAYER_PATTERN = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or read; the message names the path and the fix."""
+
+
+class ArchitectureMismatchError(CheckpointError):
+    """The checkpoint was trained with a different architecture; the message names the fields."""
+
+
+# --- names ---------------------------------------------------------------------------------------
+def tag_for(iteration: int) -> str:
+    return f"global_step{int(iteration)}"
+
+
+def layer_file_name(index: int, mp_rank: int = 0) -> str:
+    return f"layer_{index:02d}-model_{mp_rank:02d}-model_states.pt"
+
+
+def mp_rank_file_name(mp_rank: int = 0) -> str:
+    return f"mp_rank_{mp_rank:02d}_model_states.pt"
+
+
+def optimizer_shard_file_name(dp_rank: int, mp_rank: int = 0) -> str:
+    return f"zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
+
+
+# --- state-dict <-> layer files ------------------------------------------------------------------
+def split_by_layer(state_dict: dict[str, torch.Tensor]) -> dict[int, dict[str, torch.Tensor]]:
+    """Group ``sequential.<N>.<key>`` entries into ``{N: {key: tensor}}`` (tensors copied to CPU)."""
+    layers: dict[int, dict[str, torch.Tensor]] = defaultdict(dict)
+    for name, tensor in state_dict.items():
+        match = re.match(r"^sequential\.(\d+)\.(.+)$", name)
+        if match is None:
+            raise CheckpointError(
+                f"state-dict key {name!r} is not of the form 'sequential.<index>.<key>' "
+                "(docs/architecture.md, kerple.model contract)"
+            )
+        # clone: saving a view would write the whole underlying storage
+        layers[int(match.group(1))][match.group(2)] = tensor.detach().to("cpu", copy=True).contiguous()
+    return dict(sorted(layers.items()))
+
+
+def join_layers(layers: dict[int, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {f"sequential.{index}.{key}": value for index, keys in layers.items() for key, value in keys.items()}
+
+
+# --- safe loading --------------------------------------------------------------------------------
+def _safe_globals() -> list[Any]:
+    """DeepSpeed classes that appear inside its optimizer state dicts (data only, no code)."""
+    allowed: list[Any] = []
+    try:
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+
+        allowed += [LossScaler, DynamicLossScaler, ZeroStageEnum]
+    except ImportError:
+        pass
+    try:
+        from deepspeed.utils.tensor_fragment import fragment_address
+
+        allowed.append(fragment_address)
+    except ImportError:
+        pass
+    return allowed
+
+
+def safe_load(path: Path) -> Any:
+    """``torch.load`` on CPU with ``weights_only=True``; a clear error when the file is unreadable."""
+    try:
+        with torch.serialization.safe_globals(_safe_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError as err:
+        raise CheckpointError(f"checkpoint file {path} is missing; the checkpoint is incomplete") from err
+    except Exception as err:  # unpickling errors come in many types
+        raise CheckpointError(f"cannot read checkpoint file {path}: {err}") from err
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "wb") as handle:
+        torch.save(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# --- locating checkpoints ------------------------------------------------------------------------
+def list_checkpoints(directory: str | os.PathLike[str]) -> list[int]:
+    """Iterations of the complete ``global_step<N>`` directories under ``directory``, ascending."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    steps = [int(m.group(1)) for p in root.iterdir() if p.is_dir() and (m := TAG_PATTERN.match(p.name))]
+    return sorted(steps)
+
+
+def resolve_checkpoint(directory: str | os.PathLike[str], iteration: int | None = None) -> tuple[Path, int] | None:
+    """The checkpoint directory and iteration to load: ``iteration`` if given, else ``latest``.
+
+    Returns ``None`` when ``directory`` holds no checkpoint at all (a fresh run).
+    """
+    root = Path(directory)
+    if iteration is not None:
+        path = root / tag_for(iteration)
+        if not path.is_dir():
+            available = ", ".join(map(str, list_checkpoints(root))) or "none"
+            raise CheckpointError(f"no checkpoint {path} (iterations available in {root}: {available})")
+        return path, int(iteration)
+    latest = root / LATEST_FILE
+    if not latest.is_file():
+        if list_checkpoints(root):
+            raise CheckpointError(f"{root} has global_step directories but no '{LATEST_FILE}' file; pass the iteration")
+        return None
+    tag = latest.read_text().strip()
+    match = TAG_PATTERN.match(tag)
+    if match is None or not (root / tag).is_dir():
+        raise CheckpointError(f"{latest} names {tag!r}, which is not a checkpoint directory in {root}")
+    return root / tag, int(match.group(1))
+
+
+# --- saving --------------------------------------------------------------------------------------
+def save_checkpoint(
+    save_dir: str | os.PathLike[str],
+    *,
+    iteration: int,
+    module: nn.Module,
+    optimizer: Any,
+    client_state: dict[str, Any],
+    parallel: Any,
+    write_configs: Callable[[Path], None] | None = None,
+    keep_last_n: int | None = None,
+    before_commit: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write ``global_step<iteration>`` atomically (collective: every rank calls it).
+
+    ``client_state`` goes into ``mp_rank_MM_model_states.pt`` next to the optimizer state;
+    ``write_configs(dir)`` writes the resolved config files into ``dir`` (rank 0);
+    ``before_commit(tmp_dir)`` is a test hook run on rank 0 just before the rename.
+    Raises :class:`CheckpointError` (on every rank) if any rank fails to write; the previous
+    checkpoint and ``latest`` are then untouched.
+    """
+    root = Path(save_dir)
+    tag = tag_for(iteration)
+    tmp_dir = root / f"{TMP_PREFIX}{tag}"
+    final_dir = root / tag
+    mp_rank = parallel.model_parallel_rank
+    dp_rank = parallel.data_parallel_rank
+    sharded = is_sharded_optimizer(optimizer)
+
+    if parallel.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(f"{TMP_PREFIX}*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp_dir.mkdir()
+    parallel.barrier()
+
+    error: BaseException | None = None
+    try:
+        if dp_rank == 0:
+            for index, tensors in split_by_layer(module.state_dict()).items():
+                _atomic_save(tensors, tmp_dir / layer_file_name(index, mp_rank))
+            state = dict(client_state)
+            state.update(
+                module=None,
+                optimizer=None if sharded or optimizer is None else optimizer.state_dict(),
+                optimizer_sharded=sharded,
+                mp_world_size=parallel.model_parallel_size,
+                dp_world_size=parallel.data_parallel_size,
+                kerple_checkpoint_format=FORMAT_VERSION,
+            )
+            _atomic_save(state, tmp_dir / mp_rank_file_name(mp_rank))
+        if sharded:
+            shard = {"optimizer_state_dict": optimizer.state_dict(), "ds_version": _ds_version()}
+            _atomic_save(shard, tmp_dir / optimizer_shard_file_name(dp_rank, mp_rank))
+        if parallel.is_main and write_configs is not None:
+            (tmp_dir / "configs").mkdir(exist_ok=True)
+            write_configs(tmp_dir / "configs")
+    except OSError as err:
+        error = err
+    failed = parallel.any_rank(error is not None)
+    if failed:
+        if parallel.is_main:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        reason = f": {error}" if error is not None else " on another rank"
+        raise CheckpointError(
+            f"saving checkpoint {final_dir} failed{reason}. Nothing was committed; "
+            f"{root / LATEST_FILE} still names the previous checkpoint. Free disk space or change 'save'."
+        ) from error
+
+    if parallel.is_main:
+        try:
+            _commit(root, tmp_dir, final_dir, tag, before_commit)
+            if keep_last_n:
+                prune_checkpoints(root, keep_last_n)
+        except OSError as err:
+            error = err
+    if parallel.any_rank(error is not None):
+        raise CheckpointError(f"committing checkpoint {final_dir} failed: {error}") from error
+    return final_dir
+
+
+def _commit(root: Path, tmp_dir: Path, final_dir: Path, tag: str, before_commit: Callable[[Path], None] | None) -> None:
+    _fsync_dir(tmp_dir)
+    if before_commit is not None:
+        before_commit(tmp_dir)
+    if final_dir.exists():  # saving the same iteration again: replace it
+        retired = root / f"{TMP_PREFIX}old-{tag}"
+        os.replace(final_dir, retired)
+        os.replace(tmp_dir, final_dir)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        os.replace(tmp_dir, final_dir)
+    _fsync_dir(root)
+    latest_tmp = root / f"{LATEST_FILE}.part"
+    with open(latest_tmp, "w") as handle:
+        handle.write(tag)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(latest_tmp, root / LATEST_FILE)
+    _fsync_dir(root)
+
+
+def prune_checkpoints(directory: str | os.PathLike[str], keep_last_n: int) -> list[int]:
+    """Delete all but the newest ``keep_last_n`` checkpoints (never the one ``latest`` names)."""
+    root = Path(directory)
+    steps = list_checkpoints(root)
+    resolved = resolve_checkpoint(root)
+    protected = resolved[1] if resolved else None
+    removed = []
+    for step in steps[: max(len(steps) - int(keep_last_n), 0)]:
+        if step == protected:
+            continue
+        shutil.rmtree(root / tag_for(step), ignore_errors=True)
+        removed.append(step)
+    return removed
+
+
+def is_sharded_optimizer(optimizer: Any) -> bool:
+    """True for DeepSpeed wrappers whose fp32 master state is partitioned over data-parallel ranks."""
+    return optimizer is not None and hasattr(optimizer, "partition_count")
+
+
+def _ds_version() -> str:
+    try:
+        import deepspeed
+
+        return str(deepspeed.__version__)
+    except ImportError:
+        return "unknown"
+
+
+# --- loading -------------------------------------------------------------------------------------
+def read_layer_files(checkpoint_dir: Path, mp_size: int | None = None) -> list[dict[int, dict[str, torch.Tensor]]]:
+    """The per-layer tensors of every model-parallel rank: ``[{index: {key: tensor}}, ...]``."""
+    per_rank: dict[int, dict[int, dict[str, torch.Tensor]]] = defaultdict(dict)
+    for path in sorted(checkpoint_dir.iterdir()):
+        match = LAYER_PATTERN.match(path.name)
+        if match is None:
+            continue
+        per_rank[int(match.group(2))][int(match.group(1))] = safe_load(path)
+    if not per_rank:
+        return []
+    ranks = sorted(per_rank)
+    if ranks != list(range(len(ranks))) or (mp_size is not None and len(ranks) != mp_size):
+        raise CheckpointError(f"{checkpoint_dir} has layer files for model-parallel ranks {ranks}; expected 0..{(mp_size or len(ranks)) - 1}")
+    return [per_rank[r] for r in ranks]
+
+
+def merge_model_parallel(shards: list[dict[str, torch.Tensor]], target: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Join tensor-parallel pieces into full tensors shaped like ``target``.
+
+    A piece whose shape already equals the target is replicated (rank 0's copy is used); otherwise
+    the pieces are concatenated along the one dimension whose sizes add up to the target's
+    (rows for column-parallel weights and per-head parameters, columns for row-parallel weights).
+    """
+    if len(shards) == 1:
+        return shards[0]
+    merged: dict[str, torch.Tensor] = {}
+    for key, first in shards[0].items():
+        pieces = [shard[key] for shard in shards]
+        want = target.get(key)
+        if want is None or tuple(first.shape) == tuple(want.shape):
+            merged[key] = first
+            continue
+        for dim in range(first.dim()):
+            sizes_ok = sum(p.shape[dim] for p in pieces) == want.shape[dim]
+            others_ok = all(p.shape[:dim] + p.shape[dim + 1 :] == want.shape[:dim] + want.shape[dim + 1 :] for p in pieces)
+            if sizes_ok and others_ok:
+                merged[key] = torch.cat(pieces, dim=dim)
+                break
+        else:
+            raise CheckpointError(
+                f"cannot join the {len(shards)} model-parallel pieces of {key!r} "
+                f"(shapes {[tuple(p.shape) for p in pieces]}) into shape {tuple(want.shape)}"
+            )
+    return merged
+
+
+def load_state_into(model: nn.Module, state: dict[str, torch.Tensor], source: Path) -> None:
+    """``model.load_state_dict(state)`` with an error naming missing/unexpected/mis-shaped keys."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    shapes = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in sorted(set(own) & set(state))
+        if tuple(state[k].shape) != tuple(own[k].shape)
+    ]
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"missing from checkpoint: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+        if unexpected:
+            parts.append(f"not in model: {', '.join(unexpected[:8])}{' ...' if len(unexpected) > 8 else ''}")
+        if shapes:
+            parts.append("shape mismatch: " + "; ".join(shapes[:8]))
+        raise ArchitectureMismatchError(
+            f"checkpoint {source} does not fit the model ({' | '.join(parts)}). "
+            "Use the model/positional config the checkpoint was trained with."
+        )
+    model.load_state_dict(state, strict=True)
+
+
+def load_model_weights(model: nn.Module, load_dir: str | os.PathLike[str], iteration: int | None = None) -> int:
+    """Load weights saved in this project's layout (or the released KERPLE layout) into ``model``.
+
+    ``load_dir`` is the ``save`` directory holding ``latest`` and ``global_step<N>/``; ``iteration``
+    picks a checkpoint, else ``latest`` is used. Model-parallel checkpoints (``model_01`` ...) are
+    joined into a single-rank model. Checkpoints without layer files whose ``mp_rank_00`` file holds
+    a ``module`` state dict (non-pipeline GPT-NeoX runs) are read too. Returns the iteration.
+    """
+    resolved = resolve_checkpoint(load_dir, iteration)
+    if resolved is None:
+        raise CheckpointError(f"no checkpoint in {load_dir}: it has no '{LATEST_FILE}' file or global_step directories")
+    checkpoint_dir, step = resolved
+    ranks = read_layer_files(checkpoint_dir)
+    target = model.state_dict()
+    if ranks:
+        indices = sorted(ranks[0])
+        state: dict[str, torch.Tensor] = {}
+        for index in indices:
+            prefix = f"sequential.{index}."
+            wanted = {k[len(prefix) :]: v for k, v in target.items() if k.startswith(prefix)}
+            merged = merge_model_parallel([rank.get(index, {}) for rank in ranks], wanted)
+            state.update({prefix + k: v for k, v in merged.items()})
+    else:
+        meta = safe_load(checkpoint_dir / mp_rank_file_name(0))
+        module_state = meta.get("module") if isinstance(meta, dict) else None
+        if not isinstance(module_state, dict):
+            raise CheckpointError(f"{checkpoint_dir} has neither layer files nor a 'module' state dict")
+        state = module_state
+    load_state_into(model, state, checkpoint_dir)
+    return step

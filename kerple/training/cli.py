@@ -1,0 +1,155 @@
+"""Command-line front ends behind ``train.py`` and ``deepy.py`` (issue 4, "Launch").
+
+``train.py <ymls> [key=value ...] [--dry-run]`` trains in this process (a launcher may start
+several; each reads the same resolved config). ``deepy.py train.py <ymls> [key=value ...]
+[--hostfile H] [--num_gpus N] [--include S]`` merges and validates the config once, writes the
+resolved YAML, and starts one process per rank through the DeepSpeed launcher (CUDA) or
+``torch.distributed.run`` (CPU, gloo), each given that one file.
+
+Exit status: 0 done (also after a clean stop on SIGTERM/SIGINT), 1 a training/data/checkpoint
+error (message on stderr), 2 a config error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kerple.parallel.groups import prepare_environment
+
+
+def _split(arguments: list[str]) -> tuple[list[str], list[str]]:
+    paths = [a for a in arguments if "=" not in a]
+    overrides = [a for a in arguments if "=" in a]
+    return paths, overrides
+
+
+def planned_world_size(cfg: Any, num_gpus: int | None = None) -> int:
+    """Processes a launch would start: ``WORLD_SIZE`` if set, else GPUs (or one replica on CPU)."""
+    if os.environ.get("WORLD_SIZE"):
+        return int(os.environ["WORLD_SIZE"])
+    per_replica = max(int(cfg.parallelism.pipe_parallel_size), 1) * int(cfg.parallelism.model_parallel_size)
+    if num_gpus:
+        return int(num_gpus)
+    import torch
+
+    if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") != "cpu":
+        wanted = cfg.parallelism.num_gpus or torch.cuda.device_count()
+        return max(int(wanted), per_replica)
+    return per_replica
+
+
+def dry_run_report(cfg: Any) -> str:
+    """The resolved config as YAML plus the parameter count (model built on the meta device)."""
+    import torch
+    import yaml
+
+    from kerple.model import build_model
+    from kerple.training.summary import format_count
+
+    with torch.device("meta"):
+        model = build_model(cfg, flex_compile=False)
+    count = sum(p.numel() for p in model.parameters())
+    resolved = yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=False)
+    derived = yaml.safe_dump(cfg.derived(), sort_keys=False, default_flow_style=False)
+    return (
+        f"# resolved config\n{resolved}\n# derived\n{derived}\n"
+        f"parameters: {count} ({format_count(count)})\n"
+    )
+
+
+def train_main(argv: list[str]) -> int:
+    """``train.py``: load the config, then train (or ``--dry-run``: print config and size)."""
+    parser = argparse.ArgumentParser(prog="train.py", description="Train a GPT-NeoX-style model with DeepSpeed.")
+    parser.add_argument("--dry-run", action="store_true", help="print the resolved config and parameter count")
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    known, rest = parser.parse_known_args(argv)
+    paths, overrides = _split(rest)
+    if known.local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(known.local_rank))
+    if not paths:
+        parser.error("give at least one YAML config file")
+    from kerple.config import ConfigError, cli_load
+
+    cfg = cli_load(paths, overrides)
+    if known.dry_run:
+        try:
+            cfg.resolve_batch(planned_world_size(cfg))
+        except ConfigError as error:
+            print(f"config error: {error}", file=sys.stderr)
+            return 2
+        print(dry_run_report(cfg))
+        return 0
+    prepare_environment()
+    from kerple.data.errors import DataError
+    from kerple.training.checkpoint import CheckpointError
+    from kerple.training.trainer import TrainingError, run_training
+
+    try:
+        result = run_training(cfg, config_files=paths)
+    except ConfigError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
+    except (TrainingError, CheckpointError, DataError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"training {result.status} at step {result.iteration}" + (f"; checkpoint {result.last_checkpoint}" if result.last_checkpoint else ""))
+    return 0
+
+
+def deepy_main(argv: list[str]) -> int:
+    """``deepy.py``: validate once, write the resolved config, launch every rank on it."""
+    parser = argparse.ArgumentParser(prog="deepy.py", description="Launch train.py on every rank with one resolved config.")
+    parser.add_argument("script", help="the training script (train.py)")
+    parser.add_argument("--hostfile", default=None)
+    parser.add_argument("--num_gpus", "--num-gpus", type=int, default=None)
+    parser.add_argument("--include", default=None)
+    parser.add_argument("--master_port", "--master-port", type=int, default=None)
+    known, rest = parser.parse_known_args(argv)
+    paths, overrides = _split(rest)
+    if not paths:
+        parser.error("give at least one YAML config file after the script")
+    from kerple.config import ConfigError, cli_load
+
+    cfg = cli_load(paths, overrides)
+    world = planned_world_size(cfg, known.num_gpus)
+    try:
+        cfg.resolve_batch(world)
+    except ConfigError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
+    run_dir = Path(cfg.logging.log_dir or "logs")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resolved = run_dir / f"resolved-config-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.yml"
+    cfg.save_yaml(resolved)
+    print(f"deepy: resolved config written to {resolved} ({world} process(es))", flush=True)
+    command = launch_command(known, world, resolved, cfg)
+    print("deepy: " + " ".join(command), flush=True)
+    return subprocess.call(command)
+
+
+def launch_command(known: argparse.Namespace, world: int, resolved: Path, cfg: Any) -> list[str]:
+    """DeepSpeed's launcher on CUDA; ``torch.distributed.run`` on CPU (gloo); plain python for 1 CPU rank."""
+    import torch
+
+    script = [known.script, str(resolved)]
+    port = str(known.master_port or 29500)
+    if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") != "cpu":
+        command = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", port]
+        if known.hostfile:
+            command += ["--hostfile", known.hostfile]
+        if known.include:
+            command += ["--include", known.include]
+        elif not known.hostfile:
+            command += ["--num_gpus", str(known.num_gpus or world)]
+        return command + script
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if world == 1:
+        return [sys.executable] + script
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_port", port] + script

@@ -1,0 +1,37 @@
+"""The module DeepSpeed drives: the language model plus its loss.
+
+Wrapping the loss inside the engine's module means ``engine(tokens, labels)`` returns the scalar
+that ``engine.backward`` needs, and tensor parallelism can swap in a vocab-parallel cross entropy
+without the trainer knowing. Checkpoints are written from ``LanguageModelLoss.model`` so their keys
+stay ``sequential.<N>.<reference key>``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+IGNORE_INDEX = -100
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean token cross entropy in fp32: ``logits [b, s, V]``, ``labels [b, s]`` (-100 ignored)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+
+class LanguageModelLoss(nn.Module):
+    """``forward(tokens [b, s], labels [b, s]) -> scalar mean loss``."""
+
+    def __init__(
+        self, model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.model(tokens)  # [b, s, V] (V local to the rank under tensor parallelism)
+        return self.loss_fn(logits, labels)

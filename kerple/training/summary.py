@@ -1,0 +1,55 @@
+"""The one start-up summary block printed before the first step (issue 4, "Launch")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def parameter_count(model: Any) -> int:
+    """Distinct parameters (the shared positional module counts once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def format_count(count: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= size:
+            return f"{count / size:.1f}{unit}"
+    return str(count)
+
+
+def startup_summary(cfg: Any, *, parameters: int, parallel: Any, start_iteration: int, resumed_from: str | None) -> str:
+    """Model size, tokens per step, precision, parallel layout, data, and where outputs go."""
+    model, training, ck, logging = cfg.model, cfg.training, cfg.checkpointing, cfg.logging
+    dp = parallel.data_parallel_size
+    micro, accum = int(training.micro_batch_size), int(training.gradient_accumulation_steps)
+    tokens = micro * accum * dp * int(model.seq_length)
+    data = cfg.data
+    data_desc = data.data_path or f"train {data.train_data_paths} / valid {data.valid_data_paths}"
+    schedule = cfg.lr_schedule
+    decay_iters = schedule.lr_decay_iters or training.train_iters
+    lines = [
+        "=" * 78,
+        "kerple training run",
+        f"  model      {format_count(parameters)} parameters ({parameters:,}): {model.num_layers} layers, "
+        f"hidden {model.hidden_size}, {model.num_attention_heads} heads, vocab {model.padded_vocab_size}, "
+        f"pos-emb {cfg.positional.pos_emb}, attention {cfg.attention.attention_impl}",
+        f"  batch      {micro} micro x {accum} accumulation x {dp} data-parallel = "
+        f"{micro * accum * dp} samples = {tokens:,} tokens/step (seq {model.seq_length})",
+        f"  precision  {cfg.precision.precision}, ZeRO stage {cfg.parallelism.zero_stage}, "
+        f"gradient clipping {training.gradient_clipping}",
+        f"  parallel   world {parallel.world_size} = data {dp} x model {parallel.model_parallel_size} x "
+        f"pipe {parallel.pipe_parallel_size} on {parallel.device.type} ({parallel.backend})",
+        f"  schedule   {training.train_iters} steps from {start_iteration}, lr {cfg.optimizer.lr:g} "
+        f"{schedule.lr_decay_style} over {decay_iters} (warmup {schedule.warmup:g}, min {schedule.min_lr:g}), "
+        f"{cfg.optimizer.type}",
+        f"  data       {data_desc} (split {data.split}), valid seq {data.seq_length_val or model.seq_length}, "
+        f"eval every {training.eval_interval} steps x {training.eval_iters} batches",
+        f"  save       {ck.save or '(not saving)'} every {ck.save_interval} steps"
+        + (f", keep last {ck.keep_last_n_checkpoints}" if ck.keep_last_n_checkpoints else ""),
+        f"  load       {resumed_from or ck.load or '(fresh start)'}",
+        f"  logs       {logging.log_dir or '(console only)'}"
+        + (f", tensorboard {logging.tensorboard_dir}" if logging.tensorboard_dir else "")
+        + (f", wandb project {logging.wandb_project}" if logging.use_wandb else ""),
+        "=" * 78,
+    ]
+    return "\n".join(lines)

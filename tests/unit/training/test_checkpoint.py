@@ -1,0 +1,190 @@
+"""Checkpoints: reference layout (neox-compat §6), exact resume, atomicity, and refusals."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from kerple.config import ConfigError
+from kerple.data.errors import DataError
+from kerple.model import build_model
+from kerple.training import checkpoint as ckpt
+from kerple.training.trainer import Trainer, TrainingDivergedError, TrainingError
+from tiny_run import single_process_group, tiny_config, train, write_corpus
+
+
+@pytest.fixture(scope="module")
+def parallel():
+    yield from single_process_group()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("data") / "corpus")
+
+
+@pytest.fixture(scope="module")
+def saved_run(parallel, corpus, tmp_path_factory) -> Path:
+    """4 steps of kerple_log, saving every 2 steps and keeping the last one."""
+    save = tmp_path_factory.mktemp("run") / "checkpoints"
+    cfg = tiny_config(corpus, train_iters=4, lr_decay_iters=8, save=str(save), save_interval=2, keep_last_n_checkpoints=1)
+    train(cfg, parallel)
+    return save
+
+
+def test_reference_layout_and_contents(saved_run: Path) -> None:
+    assert (saved_run / "latest").read_text() == "global_step4"
+    assert sorted(p.name for p in saved_run.iterdir()) == ["global_step4", "latest"]  # pruned, no temp dirs
+    step = saved_run / "global_step4"
+    layer_files = sorted(p.name for p in step.glob("layer_*"))
+    # 2 layers: embedding 0, layers 2-3, final norm 5, head 6; indices 1 and 4 have no file
+    assert layer_files == [f"layer_{i:02d}-model_00-model_states.pt" for i in (0, 2, 3, 5, 6)]
+    embedding = ckpt.safe_load(step / layer_files[0])
+    assert set(embedding) == {"word_embeddings.weight"}
+    layer2, layer3 = (ckpt.safe_load(step / layer_files[i]) for i in (1, 2))
+    for key in ("input_layernorm.weight", "attention.query_key_value.weight", "attention.dense.bias",
+                "mlp.dense_h_to_4h.weight", "mlp.dense_4h_to_h.bias", "attention.rpe.bias_p", "attention.rpe.bias_a"):
+        assert key in layer2, key
+    assert torch.equal(layer2["attention.rpe.bias_p"], layer3["attention.rpe.bias_p"])  # shared copy in every file
+    assert set(ckpt.safe_load(step / layer_files[3])) == {"norm.weight", "norm.bias"}
+    assert set(ckpt.safe_load(step / layer_files[4])) == {"final_linear.weight"}
+
+    meta = ckpt.safe_load(step / "mp_rank_00_model_states.pt")  # weights_only: no code runs
+    assert meta["iteration"] == 4 and meta["module"] is None
+    assert meta["consumed_train_samples"] == 16
+    assert meta["args"]["num_layers"] == 2 and meta["args"]["pos_emb"] == "kerple_log"
+    assert meta["args"]["padded_vocab_size"] == 64
+    for key in ("random_rng_state", "np_rng_state", "torch_rng_state", "cuda_rng_state"):
+        assert key in meta
+    assert meta["lr_scheduler"]["num_iters"] == 4
+    assert meta["optimizer"]["state"], "Adam moments are saved"
+    assert (step / "configs" / "resolved.yml").is_file()
+
+
+def test_load_model_weights_returns_iteration(saved_run: Path, corpus: Path) -> None:
+    model = build_model(tiny_config(corpus))
+    assert ckpt.load_model_weights(model, saved_run) == 4
+    saved = ckpt.safe_load(saved_run / "global_step4" / "layer_06-model_00-model_states.pt")
+    assert torch.equal(model.state_dict()["sequential.6.final_linear.weight"], saved["final_linear.weight"])
+    with pytest.raises(ckpt.CheckpointError, match="iterations available"):
+        ckpt.load_model_weights(model, saved_run, iteration=2)
+
+
+def test_exact_resume_matches_uninterrupted(parallel, corpus: Path, tmp_path: Path) -> None:
+    common = dict(lr_decay_iters=8, hidden_dropout=0.1, attention_dropout=0.1)  # dropout exercises the RNG state
+    straight = train(tiny_config(corpus, train_iters=8, **common), parallel)
+    save = tmp_path / "ck"
+    first = train(tiny_config(corpus, train_iters=4, save=str(save), **common), parallel)
+    second = train(tiny_config(corpus, train_iters=8, save=str(save), load=str(save), **common), parallel)
+    resumed = first.losses + second.losses
+    assert [s for s, _ in resumed] == list(range(1, 9))
+    assert [loss for _, loss in resumed] == [loss for _, loss in straight.losses]
+
+
+def test_architecture_mismatch_names_fields(parallel, corpus: Path, saved_run: Path) -> None:
+    cfg = tiny_config(corpus, hidden_size=48, pos_emb="alibi", load=str(saved_run))
+    cfg.resolve_batch(1)
+    with pytest.raises(ckpt.ArchitectureMismatchError) as error:
+        Trainer(cfg, parallel)
+    assert "hidden_size: checkpoint 32 vs config 48" in str(error.value)
+    assert "pos_emb" in str(error.value)
+
+
+def test_finetune_loads_weights_only(parallel, corpus: Path, saved_run: Path) -> None:
+    cfg = tiny_config(corpus, load=str(saved_run), finetune=True).resolve_batch(1)
+    trainer = Trainer(cfg, parallel)
+    try:
+        assert trainer.iteration == 0 and trainer.consumed_train_samples == 0
+        assert not trainer.engine.optimizer.state_dict()["state"]  # fresh optimizer
+        saved = ckpt.safe_load(saved_run / "global_step4" / "layer_00-model_00-model_states.pt")
+        assert torch.equal(trainer.model.state_dict()["sequential.0.word_embeddings.weight"], saved["word_embeddings.weight"])
+    finally:
+        trainer.close()
+
+
+def test_no_load_optim_keeps_iteration_but_fresh_moments(parallel, corpus: Path, saved_run: Path) -> None:
+    cfg = tiny_config(corpus, load=str(saved_run), no_load_optim=True).resolve_batch(1)
+    trainer = Trainer(cfg, parallel)
+    try:
+        assert trainer.iteration == 4
+        assert not trainer.engine.optimizer.state_dict()["state"]
+        assert trainer.scheduler.num_steps == 4
+    finally:
+        trainer.close()
+
+
+def test_fp16_on_cpu_is_refused_clearly(parallel, corpus: Path) -> None:
+    cfg = tiny_config(corpus, fp16={"enabled": True}).resolve_batch(1)
+    with pytest.raises(TrainingError, match="fp16 training needs a CUDA GPU.*bf16"):
+        Trainer(cfg, parallel)
+
+
+def test_missing_data_path_names_the_file(parallel, corpus: Path, tmp_path: Path) -> None:
+    cfg = tiny_config(corpus, data_path=str(tmp_path / "nowhere" / "corpus")).resolve_batch(1)
+    with pytest.raises(DataError, match="nowhere"):
+        Trainer(cfg, parallel)
+
+
+def test_batch_that_does_not_divide_is_a_config_error(corpus: Path) -> None:
+    with pytest.raises(ConfigError, match="train_batch_size"):
+        tiny_config(corpus, train_batch_size=10, gradient_accumulation_steps=None).resolve_batch(1)
+
+
+def test_nan_loss_stops_without_saving(parallel, corpus: Path, tmp_path: Path, monkeypatch) -> None:
+    import kerple.training.loss as loss_module
+
+    calls = {"n": 0}
+    real = loss_module.cross_entropy
+
+    def poisoned(logits, labels):
+        calls["n"] += 1
+        value = real(logits, labels)
+        return value * float("nan") if calls["n"] >= 3 else value
+
+    monkeypatch.setattr(loss_module, "cross_entropy", poisoned)
+    save = tmp_path / "ck"
+    cfg = tiny_config(corpus, train_iters=6, save=str(save), save_interval=2)
+    with pytest.raises(TrainingDivergedError, match="loss is nan at step 3"):
+        train(cfg, parallel)
+    assert (save / "latest").read_text() == "global_step2"
+    assert sorted(p.name for p in save.iterdir()) == ["global_step2", "latest"]
+
+
+def test_disk_full_leaves_previous_checkpoint(parallel, corpus: Path, tmp_path: Path, monkeypatch) -> None:
+    save = tmp_path / "ck"
+    real_save = ckpt._atomic_save
+
+    def failing(obj, path: Path) -> None:
+        if "global_step4" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save(obj, path)
+
+    monkeypatch.setattr(ckpt, "_atomic_save", failing)
+    cfg = tiny_config(corpus, train_iters=4, save=str(save), save_interval=2)
+    with pytest.raises(ckpt.CheckpointError, match="No space left.*previous checkpoint"):
+        train(cfg, parallel)
+    assert (save / "latest").read_text() == "global_step2"
+    assert sorted(p.name for p in save.iterdir()) == ["global_step2", "latest"]
+    model = build_model(tiny_config(corpus))
+    assert ckpt.load_model_weights(model, save) == 2
+
+
+def test_sigterm_finishes_step_saves_and_stops(parallel, corpus: Path, tmp_path: Path, monkeypatch) -> None:
+    save = tmp_path / "ck"
+    real_step = Trainer.train_step
+
+    def step_then_signal(self):
+        loss = real_step(self)
+        if self.iteration == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return loss
+
+    monkeypatch.setattr(Trainer, "train_step", step_then_signal)
+    result = train(tiny_config(corpus, train_iters=10, save=str(save)), parallel)
+    assert result.status == "interrupted" and result.iteration == 3
+    assert (save / "latest").read_text() == "global_step3"

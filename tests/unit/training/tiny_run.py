@@ -1,0 +1,104 @@
+"""Helpers shared by the training tests: a synthetic indexed dataset, a tiny config, one-process runs.
+
+The corpus is learnable (each document counts upwards modulo the vocabulary from a random start),
+so a 2-layer model's loss falls within a few dozen steps. Integration tests import this file too.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from kerple.config import Config, load_config
+from kerple.data.indexed_dataset import IndexedDatasetWriter
+
+REPO = Path(__file__).resolve().parents[3]
+VOCAB = 64
+
+
+def write_corpus(prefix: Path, documents: int = 200, seed: int = 0) -> Path:
+    """``documents`` counting sequences of 20-120 tokens over a 63-token alphabet, then EOD 63."""
+    rng = np.random.RandomState(seed)
+    with IndexedDatasetWriter(prefix, dtype=np.uint16) as writer:
+        for _ in range(documents):
+            length = int(rng.randint(20, 120))
+            start = int(rng.randint(0, VOCAB - 1))
+            step = int(rng.choice([1, 2]))
+            tokens = (start + step * np.arange(length)) % (VOCAB - 1)
+            writer.add_document(np.append(tokens, VOCAB - 1))
+        writer.finalize()
+    return prefix
+
+
+def tiny_overrides(data_prefix: Path, **overrides: Any) -> dict[str, Any]:
+    """Overrides on configs/models/tiny.yml: seq 32, hidden 32, 4 heads, vocab 64, 30 steps."""
+    values: dict[str, Any] = {
+        "pos_emb": "kerple_log",
+        "num_layers": 2,
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "seq_length": 32,
+        "max_position_embeddings": 64,
+        "vocab_size": VOCAB,
+        "make_vocab_size_divisible_by": 8,
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 1,
+        "train_iters": 30,
+        "lr_decay_iters": 30,
+        "lr": 3e-3,
+        "warmup": 0.05,
+        "data_path": str(data_prefix),
+        "split": "90,10,0",
+        "eval_interval": 1000,
+        "eval_iters": 1,
+        "log_interval": 10,
+        "save_interval": 1000,
+        "keep_last_n_checkpoints": None,
+        "seed": 1234,
+        "save": None,
+        "load": None,
+        "log_dir": None,
+        "tensorboard_dir": None,
+    }
+    values.update(overrides)
+    return values
+
+
+def tiny_config(data_prefix: Path, **overrides: Any) -> Config:
+    return load_config([REPO / "configs/models/tiny.yml"], tiny_overrides(data_prefix, **overrides))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def single_process_group() -> Iterator[Any]:
+    """A one-rank process group for in-process trainers (a generator for pytest fixtures)."""
+    from kerple.parallel.groups import init_distributed, teardown
+
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ[key] = value
+    os.environ["MASTER_PORT"] = str(free_port())
+    parallel = init_distributed(1, 1)
+    try:
+        yield parallel
+    finally:
+        teardown(parallel)
+
+
+def train(cfg: Config, parallel: Any) -> Any:
+    """Build a Trainer on ``parallel``, train to the end, close it; returns the TrainResult."""
+    from kerple.training.trainer import Trainer
+
+    cfg.resolve_batch(parallel.world_size)
+    trainer = Trainer(cfg, parallel)
+    try:
+        return trainer.train()
+    finally:
+        trainer.close()
