@@ -64,6 +64,7 @@ class ParallelState:
     pipe_parallel_size: int = 1
     data_parallel_group: Any = None
     model_parallel_group: Any = None
+    megatron_initialized: bool = False
     _tp_groups_built: bool = field(default=False, repr=False)
 
     @property
@@ -164,9 +165,32 @@ def init_distributed(model_parallel_size: int = 1, pipe_parallel_size: int = 1) 
         model_parallel_size=model_parallel_size,
         pipe_parallel_size=pipe_parallel_size,
     )
-    if pipe_parallel_size == 1:
+    if pipe_parallel_size == 1 and model_parallel_size > 1:
+        _use_megatron_groups(state)
+    elif pipe_parallel_size == 1:
         _build_groups(state)
     return state
+
+
+def _use_megatron_groups(state: ParallelState) -> None:
+    """Set up megatron-core's ``parallel_state`` (its layers and ``vocab_parallel_cross_entropy``
+    read the tensor-parallel group from there) and adopt its tensor- and data-parallel groups.
+
+    megatron-core keeps these groups in its own module state; this project holds them in ``state``
+    and passes them explicitly, and :func:`teardown` destroys megatron-core's copy. Its rank order
+    (tensor-parallel ranks consecutive) is the one documented at the top of this module.
+    """
+    from megatron.core import parallel_state as megatron_state
+
+    megatron_state.initialize_model_parallel(
+        tensor_model_parallel_size=state.model_parallel_size, create_gloo_process_groups=False
+    )
+    state.megatron_initialized = True
+    state.model_parallel_group = megatron_state.get_tensor_model_parallel_group()
+    state.data_parallel_group = megatron_state.get_data_parallel_group()
+    if megatron_state.get_tensor_model_parallel_rank() != state.model_parallel_rank:
+        raise RuntimeError("megatron-core's tensor-parallel rank differs from rank % model_parallel_size")
+    state._tp_groups_built = True
 
 
 def _skip_shared_memory_allreduce_build(deepspeed: Any) -> None:
@@ -203,6 +227,11 @@ def teardown(state: ParallelState | None) -> None:
     destroys the default group.
     """
     gc.collect()
+    if state is not None and state.megatron_initialized:
+        from megatron.core import parallel_state as megatron_state
+
+        megatron_state.destroy_model_parallel()
+        state.megatron_initialized = False
     if dist.is_initialized():
         if state is not None and state.world_size > 1:
             dist.barrier()

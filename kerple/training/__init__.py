@@ -4,7 +4,8 @@ Public API:
 
 * :func:`kerple.training.trainer.run_training` ``(cfg, *, config_files=None) -> TrainResult``
   and :class:`kerple.training.trainer.Trainer` ``(cfg, parallel, *, config_files=None)``;
-* :func:`kerple.training.checkpoint.load_model_weights` ``(model, load_dir, iteration=None) -> int``;
+* :func:`kerple.training.checkpoint.load_model_weights` ``(model, load_dir, iteration=None, *, cfg=None,
+  trust=False) -> int`` (delegates to :func:`kerple.checkpoint.load_model_weights`);
 * :class:`kerple.training.schedule.AnnealingLR`, :func:`kerple.training.schedule.annealing_lr`;
 * :func:`kerple.training.optimizer.build_optimizer`, :func:`kerple.training.ds_config.deepspeed_config`.
 

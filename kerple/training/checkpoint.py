@@ -20,8 +20,13 @@ needs the same data-parallel size.
 Atomicity: every rank writes into ``.tmp-global_step<N>``; after a barrier rank 0 renames it to
 ``global_step<N>`` and only then replaces ``latest`` (write-to-temp + ``os.replace``). A process
 killed at any moment leaves ``latest`` pointing at a complete checkpoint; stale temporary
-directories are removed by the next save. Loading never executes pickled code
-(``torch.load(weights_only=True)``; DeepSpeed's loss-scaler classes are allow-listed).
+directories are removed by the next save.
+
+Reading is not done here: weights of any checkpoint (this project's, GPT-NeoX's, KERPLE's, any
+model-parallel size) are read by :mod:`kerple.checkpoint`, which never executes pickled code unless
+trusted (its one allowlist includes DeepSpeed's loss-scaler classes). This module keeps what is
+specific to writing and resuming this project's runs: atomic saves, ``latest``,
+``keep_last_n_checkpoints``, and the optimizer / RNG / scheduler / data-position records.
 """
 
 from __future__ import annotations
@@ -29,26 +34,32 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-LATEST_FILE = "latest"
+from kerple.checkpoint import load_model_weights as _load_any_checkpoint
+from kerple.checkpoint.errors import ArchitectureMismatchError, CheckpointError
+from kerple.checkpoint.safe_load import safe_torch_load
+from kerple.checkpoint.reference import LATEST_FILE
+from kerple.checkpoint.sharding import split_key
+from kerple.checkpoint.writer import FORMAT_VERSION
+
+__all__ = [
+    "ArchitectureMismatchError",
+    "CheckpointError",
+    "list_checkpoints",
+    "load_model_weights",
+    "prune_checkpoints",
+    "resolve_checkpoint",
+    "safe_load",
+    "save_checkpoint",
+]
+
 TMP_PREFIX = ".tmp-"
 TAG_PATTERN = re.compile(r"^global_step(\d+)$")
-LAYER_PATTERN = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
-FORMAT_VERSION = 1
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be written or read; the message names the path and the fix."""
-
-
-class ArchitectureMismatchError(CheckpointError):
-    """The checkpoint was trained with a different architecture; the message names the fields."""
 
 
 # --- names ---------------------------------------------------------------------------------------
@@ -71,52 +82,21 @@ def optimizer_shard_file_name(dp_rank: int, mp_rank: int = 0) -> str:
 # --- state-dict <-> layer files ------------------------------------------------------------------
 def split_by_layer(state_dict: dict[str, torch.Tensor]) -> dict[int, dict[str, torch.Tensor]]:
     """Group ``sequential.<N>.<key>`` entries into ``{N: {key: tensor}}`` (tensors copied to CPU)."""
-    layers: dict[int, dict[str, torch.Tensor]] = defaultdict(dict)
+    layers: dict[int, dict[str, torch.Tensor]] = {}
     for name, tensor in state_dict.items():
-        match = re.match(r"^sequential\.(\d+)\.(.+)$", name)
-        if match is None:
-            raise CheckpointError(
-                f"state-dict key {name!r} is not of the form 'sequential.<index>.<key>' "
-                "(docs/architecture.md, kerple.model contract)"
-            )
+        index, key = split_key(name)
         # clone: saving a view would write the whole underlying storage
-        layers[int(match.group(1))][match.group(2)] = tensor.detach().to("cpu", copy=True).contiguous()
+        layers.setdefault(index, {})[key] = tensor.detach().to("cpu", copy=True).contiguous()
     return dict(sorted(layers.items()))
 
 
-def join_layers(layers: dict[int, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    return {f"sequential.{index}.{key}": value for index, keys in layers.items() for key, value in keys.items()}
-
-
 # --- safe loading --------------------------------------------------------------------------------
-def _safe_globals() -> list[Any]:
-    """DeepSpeed classes that appear inside its optimizer state dicts (data only, no code)."""
-    allowed: list[Any] = []
-    try:
-        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-        from deepspeed.runtime.zero.config import ZeroStageEnum
+def safe_load(path: Path, *, trust: bool = False) -> Any:
+    """Read one checkpoint file on CPU without running pickled code (:func:`kerple.checkpoint.safe_torch_load`).
 
-        allowed += [LossScaler, DynamicLossScaler, ZeroStageEnum]
-    except ImportError:
-        pass
-    try:
-        from deepspeed.utils.tensor_fragment import fragment_address
-
-        allowed.append(fragment_address)
-    except ImportError:
-        pass
-    return allowed
-
-
-def safe_load(path: Path) -> Any:
-    """``torch.load`` on CPU with ``weights_only=True``; a clear error when the file is unreadable."""
-    try:
-        with torch.serialization.safe_globals(_safe_globals()):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError as err:
-        raise CheckpointError(f"checkpoint file {path} is missing; the checkpoint is incomplete") from err
-    except Exception as err:  # unpickling errors come in many types
-        raise CheckpointError(f"cannot read checkpoint file {path}: {err}") from err
+    The allowlist (DeepSpeed's loss-scaler records included) lives in :mod:`kerple.checkpoint.safe_load`.
+    """
+    return safe_torch_load(path, trust=trust)
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
@@ -227,7 +207,7 @@ def save_checkpoint(
             )
             _atomic_save(state, tmp_dir / mp_rank_file_name(mp_rank))
         if sharded:
-            shard = {"optimizer_state_dict": optimizer.state_dict(), "ds_version": _ds_version()}
+            shard = {"optimizer_state_dict": optimizer.state_dict(), "ds_version": deepspeed_version()}
             _atomic_save(shard, tmp_dir / optimizer_shard_file_name(dp_rank, mp_rank))
         if parallel.is_main and write_configs is not None:
             (tmp_dir / "configs").mkdir(exist_ok=True)
@@ -297,7 +277,7 @@ def is_sharded_optimizer(optimizer: Any) -> bool:
     return optimizer is not None and hasattr(optimizer, "partition_count")
 
 
-def _ds_version() -> str:
+def deepspeed_version() -> str:
     try:
         import deepspeed
 
@@ -306,105 +286,20 @@ def _ds_version() -> str:
         return "unknown"
 
 
-# --- loading -------------------------------------------------------------------------------------
-def read_layer_files(checkpoint_dir: Path, mp_size: int | None = None) -> list[dict[int, dict[str, torch.Tensor]]]:
-    """The per-layer tensors of every model-parallel rank: ``[{index: {key: tensor}}, ...]``."""
-    per_rank: dict[int, dict[int, dict[str, torch.Tensor]]] = defaultdict(dict)
-    for path in sorted(checkpoint_dir.iterdir()):
-        match = LAYER_PATTERN.match(path.name)
-        if match is None:
-            continue
-        per_rank[int(match.group(2))][int(match.group(1))] = safe_load(path)
-    if not per_rank:
-        return []
-    ranks = sorted(per_rank)
-    if ranks != list(range(len(ranks))) or (mp_size is not None and len(ranks) != mp_size):
-        raise CheckpointError(f"{checkpoint_dir} has layer files for model-parallel ranks {ranks}; expected 0..{(mp_size or len(ranks)) - 1}")
-    return [per_rank[r] for r in ranks]
+# --- loading ------------------------------------------------------------------------------------
+def load_model_weights(
+    model: nn.Module,
+    load_dir: str | os.PathLike[str],
+    iteration: int | None = None,
+    *,
+    cfg: Any = None,
+    trust: bool = False,
+) -> int:
+    """Load the weights of any checkpoint (this project's, GPT-NeoX's, KERPLE's) into a one-rank ``model``.
 
-
-def merge_model_parallel(shards: list[dict[str, torch.Tensor]], target: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Join tensor-parallel pieces into full tensors shaped like ``target``.
-
-    A piece whose shape already equals the target is replicated (rank 0's copy is used); otherwise
-    the pieces are concatenated along the one dimension whose sizes add up to the target's
-    (rows for column-parallel weights and per-head parameters, columns for row-parallel weights).
+    ``load_dir`` is the ``save`` directory (``latest`` or ``iteration`` picks the tag) or a tag
+    directory; model-parallel checkpoints are merged. ``cfg`` enables the architecture check and
+    ``trust`` the unsafe-pickle opt-in (``--trust-checkpoint``). Returns the iteration. Thin wrapper
+    of :func:`kerple.checkpoint.load_model_weights`, kept for the evaluation code's positional calls.
     """
-    if len(shards) == 1:
-        return shards[0]
-    merged: dict[str, torch.Tensor] = {}
-    for key, first in shards[0].items():
-        pieces = [shard[key] for shard in shards]
-        want = target.get(key)
-        if want is None or tuple(first.shape) == tuple(want.shape):
-            merged[key] = first
-            continue
-        for dim in range(first.dim()):
-            sizes_ok = sum(p.shape[dim] for p in pieces) == want.shape[dim]
-            others_ok = all(p.shape[:dim] + p.shape[dim + 1 :] == want.shape[:dim] + want.shape[dim + 1 :] for p in pieces)
-            if sizes_ok and others_ok:
-                merged[key] = torch.cat(pieces, dim=dim)
-                break
-        else:
-            raise CheckpointError(
-                f"cannot join the {len(shards)} model-parallel pieces of {key!r} "
-                f"(shapes {[tuple(p.shape) for p in pieces]}) into shape {tuple(want.shape)}"
-            )
-    return merged
-
-
-def load_state_into(model: nn.Module, state: dict[str, torch.Tensor], source: Path) -> None:
-    """``model.load_state_dict(state)`` with an error naming missing/unexpected/mis-shaped keys."""
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    shapes = [
-        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-        for k in sorted(set(own) & set(state))
-        if tuple(state[k].shape) != tuple(own[k].shape)
-    ]
-    if missing or unexpected or shapes:
-        parts = []
-        if missing:
-            parts.append(f"missing from checkpoint: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
-        if unexpected:
-            parts.append(f"not in model: {', '.join(unexpected[:8])}{' ...' if len(unexpected) > 8 else ''}")
-        if shapes:
-            parts.append("shape mismatch: " + "; ".join(shapes[:8]))
-        raise ArchitectureMismatchError(
-            f"checkpoint {source} does not fit the model ({' | '.join(parts)}). "
-            "Use the model/positional config the checkpoint was trained with."
-        )
-    model.load_state_dict(state, strict=True)
-
-
-def load_model_weights(model: nn.Module, load_dir: str | os.PathLike[str], iteration: int | None = None) -> int:
-    """Load weights saved in this project's layout (or the released KERPLE layout) into ``model``.
-
-    ``load_dir`` is the ``save`` directory holding ``latest`` and ``global_step<N>/``; ``iteration``
-    picks a checkpoint, else ``latest`` is used. Model-parallel checkpoints (``model_01`` ...) are
-    joined into a single-rank model. Checkpoints without layer files whose ``mp_rank_00`` file holds
-    a ``module`` state dict (non-pipeline GPT-NeoX runs) are read too. Returns the iteration.
-    """
-    resolved = resolve_checkpoint(load_dir, iteration)
-    if resolved is None:
-        raise CheckpointError(f"no checkpoint in {load_dir}: it has no '{LATEST_FILE}' file or global_step directories")
-    checkpoint_dir, step = resolved
-    ranks = read_layer_files(checkpoint_dir)
-    target = model.state_dict()
-    if ranks:
-        indices = sorted(ranks[0])
-        state: dict[str, torch.Tensor] = {}
-        for index in indices:
-            prefix = f"sequential.{index}."
-            wanted = {k[len(prefix) :]: v for k, v in target.items() if k.startswith(prefix)}
-            merged = merge_model_parallel([rank.get(index, {}) for rank in ranks], wanted)
-            state.update({prefix + k: v for k, v in merged.items()})
-    else:
-        meta = safe_load(checkpoint_dir / mp_rank_file_name(0))
-        module_state = meta.get("module") if isinstance(meta, dict) else None
-        if not isinstance(module_state, dict):
-            raise CheckpointError(f"{checkpoint_dir} has neither layer files nor a 'module' state dict")
-        state = module_state
-    load_state_into(model, state, checkpoint_dir)
-    return step
+    return _load_any_checkpoint(model, load_dir, iteration, cfg=cfg, trust=trust)

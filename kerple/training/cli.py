@@ -67,6 +67,11 @@ def train_main(argv: list[str]) -> int:
     """``train.py``: load the config, then train (or ``--dry-run``: print config and size)."""
     parser = argparse.ArgumentParser(prog="train.py", description="Train a GPT-NeoX-style model with DeepSpeed.")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved config and parameter count")
+    parser.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="let 'load' read checkpoint pickles that need non-data globals (they can run code; trusted files only)",
+    )
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     known, rest = parser.parse_known_args(argv)
     paths, overrides = _split(rest)
@@ -87,11 +92,11 @@ def train_main(argv: list[str]) -> int:
         return 0
     prepare_environment()
     from kerple.data.errors import DataError
-    from kerple.training.checkpoint import CheckpointError
+    from kerple.checkpoint.errors import CheckpointError
     from kerple.training.trainer import TrainingError, run_training
 
     try:
-        result = run_training(cfg, config_files=paths)
+        result = run_training(cfg, config_files=paths, trust_checkpoint=known.trust_checkpoint)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
@@ -111,6 +116,7 @@ def deepy_main(argv: list[str]) -> int:
     parser.add_argument("--num_gpus", "--num-gpus", type=int, default=None)
     parser.add_argument("--include", default=None)
     parser.add_argument("--master_port", "--master-port", type=int, default=None)
+    parser.add_argument("--trust-checkpoint", action="store_true", help="passed to every rank's train.py")
     known, rest = parser.parse_known_args(argv)
     paths, overrides = _split(rest)
     if not paths:
@@ -138,7 +144,7 @@ def launch_command(known: argparse.Namespace, world: int, resolved: Path, cfg: A
     """DeepSpeed's launcher on CUDA; ``torch.distributed.run`` on CPU (gloo); plain python for 1 CPU rank."""
     import torch
 
-    script = [known.script, str(resolved)]
+    script = [known.script, str(resolved)] + (["--trust-checkpoint"] if getattr(known, "trust_checkpoint", False) else [])
     port = str(known.master_port or 29500)
     if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") != "cpu":
         command = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", port]

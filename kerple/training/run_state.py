@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kerple.training.checkpoint import ArchitectureMismatchError
+from kerple.checkpoint.errors import ArchitectureMismatchError
 
 # Fields that change parameter shapes or what the weights mean; a resume must match all of them.
 ARCHITECTURE_FIELDS = (
@@ -68,11 +68,13 @@ def architecture_args(cfg: Any) -> dict[str, Any]:
     return args
 
 
-def check_architecture(saved: dict[str, Any] | None, current: dict[str, Any], source: Path | str) -> None:
-    """Raise :class:`ArchitectureMismatchError` naming every field that differs."""
+def check_architecture(
+    saved: dict[str, Any] | None, current: dict[str, Any], source: Path | str, *, ignore: tuple[str, ...] = ()
+) -> None:
+    """Raise :class:`ArchitectureMismatchError` naming every field that differs (except ``ignore``)."""
     if not saved:
         return
-    fields = list(ARCHITECTURE_FIELDS) + ["positional_options"]
+    fields = [name for name in list(ARCHITECTURE_FIELDS) + ["positional_options"] if name not in ignore]
     diffs = [
         f"{name}: checkpoint {saved.get(name)!r} vs config {current.get(name)!r}"
         for name in fields

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kerple.checkpoint import load_model_weights as load_checkpoint_weights
 from kerple.parallel.groups import ParallelState, init_distributed, teardown
 from kerple.training import checkpoint as ckpt
 from kerple.training.batches import BatchFeed
@@ -55,13 +56,36 @@ class TrainResult:
     last_checkpoint: Path | None = None
 
 
+@dataclass
+class LoadedRun:
+    """A checkpoint whose weights were loaded: its record, and what of the run can be resumed.
+
+    ``meta``: the ``mp_rank_MM_model_states.pt`` record of this rank (this project's format), or
+    only ``{"iteration": N}`` for a reference checkpoint. ``optimizer_resumable``: this project's
+    format saved with this run's model-parallel size (optimizer shards fit this rank).
+    """
+
+    directory: Path
+    meta: dict[str, Any]
+    own_format: bool
+    optimizer_resumable: bool
+
+
 class Trainer:
     """One training run. Build it, call :meth:`train`, then :meth:`close`."""
 
-    def __init__(self, cfg: Any, parallel: ParallelState, *, config_files: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Any,
+        parallel: ParallelState,
+        *,
+        config_files: list[str] | None = None,
+        trust_checkpoint: bool = False,
+    ) -> None:
         self.cfg = cfg
         self.parallel = parallel
         self.config_files = list(config_files or [])
+        self.trust_checkpoint = trust_checkpoint
         self.precision = str(cfg.precision.precision)
         self._check_supported()
         self.micro = int(cfg.training.micro_batch_size)
@@ -88,7 +112,7 @@ class Trainer:
         )
         self.engine = self._initialize_engine()
         if resumed is not None:
-            self._restore_training_state(*resumed)
+            self._restore_training_state(resumed)
         self.monitor = Monitor(
             enabled=parallel.is_main,
             log_dir=cfg.logging.log_dir,
@@ -103,7 +127,7 @@ class Trainer:
                 parameters=parameter_count(self.model),
                 parallel=parallel,
                 start_iteration=self.iteration,
-                resumed_from=str(resumed[0]) if resumed is not None else None,
+                resumed_from=str(resumed.directory) if resumed is not None else None,
             )
         )
 
@@ -120,11 +144,15 @@ class Trainer:
                 "zero_optimization.stage 3 is not supported by this trainer's checkpoint writer "
                 "(parameters would have to be gathered); use stage 0, 1 or 2."
             )
-        if max(int(cfg.parallelism.pipe_parallel_size), 1) > 1 or int(cfg.parallelism.model_parallel_size) > 1:
+        if max(int(cfg.parallelism.pipe_parallel_size), 1) > 1:
             raise TrainingError(
-                "tensor (model_parallel_size > 1) and pipeline (pipe_parallel_size > 1) parallelism are not "
-                "implemented yet; set model_parallel_size: 1 and pipe_parallel_size: 1 (data parallelism "
-                "with ZeRO 0-2 is supported)."
+                "pipeline parallelism (pipe_parallel_size > 1) is not implemented yet; set pipe_parallel_size: 1 "
+                "(data parallelism with ZeRO 0-2 and tensor parallelism, model_parallel_size: N, are supported)."
+            )
+        if int(cfg.parallelism.model_parallel_size) > 1 and int(cfg.parallelism.zero_stage) > 0:
+            raise TrainingError(
+                "tensor parallelism (model_parallel_size > 1) is supported with ZeRO stage 0 only (the paper's "
+                "1.3B setting); set zero_optimization.stage: 0."
             )
 
     def _seed(self, seed: int) -> None:
@@ -173,10 +201,22 @@ class Trainer:
     def _build_model(self) -> torch.nn.Module:
         from kerple.model import build_model
 
-        return build_model(self.cfg)
+        model = build_model(self.cfg)
+        if self.parallel.model_parallel_size > 1:
+            from kerple.parallel.tensor_parallel import parallelize
 
-    def _load_weights(self) -> tuple[Path, dict[str, Any]] | None:
-        """Load weights from ``checkpointing.load`` (if it holds a checkpoint); return its metadata."""
+            model = parallelize(model, self.cfg, self.parallel)  # built whole, then this rank's slice kept
+        return model
+
+    def _load_weights(self) -> LoadedRun | None:
+        """Load weights from ``checkpointing.load`` (if it holds a checkpoint); say what can be resumed.
+
+        Weights of any checkpoint are read by :mod:`kerple.checkpoint` (merged over the saved
+        model-parallel ranks and re-split to this run's); the architecture is checked against the
+        config. Optimizer, RNG and data position are resumed only from this project's own format
+        saved with the same model-parallel size; a GPT-NeoX / KERPLE reference checkpoint (or one
+        with another model-parallel size) gives weights and the iteration, with a fresh optimizer.
+        """
         load = self.cfg.checkpointing.load
         if not load:
             return None
@@ -185,22 +225,39 @@ class Trainer:
             self.parallel.barrier()
             return None
         directory, _ = resolved
-        mp_rank = self.parallel.model_parallel_rank
-        meta = ckpt.safe_load(directory / ckpt.mp_rank_file_name(mp_rank))
-        check_architecture(meta.get("args"), architecture_args(self.cfg), directory)
-        ranks = ckpt.read_layer_files(directory, self.parallel.model_parallel_size)
-        if not ranks:
-            raise ckpt.CheckpointError(f"{directory} has no layer_*-model_*-model_states.pt files")
-        ckpt.load_state_into(self.model, ckpt.join_layers(ranks[mp_rank]), directory)
-        return directory, meta
+        parallel, trust = self.parallel, self.trust_checkpoint
+        meta = ckpt.safe_load(directory / ckpt.mp_rank_file_name(0), trust=trust)
+        meta = meta if isinstance(meta, dict) else {}
+        own_format = "kerple_checkpoint_format" in meta
+        same_split = own_format and int(meta.get("mp_world_size", 1)) == parallel.model_parallel_size
+        if own_format:
+            check_architecture(meta.get("args"), architecture_args(self.cfg), directory, ignore=("model_parallel_size",))
+        iteration = load_checkpoint_weights(
+            self.model,
+            directory,
+            cfg=None if own_format else self.cfg,
+            trust=trust,
+            model_parallel_size=parallel.model_parallel_size,
+            model_parallel_rank=parallel.model_parallel_rank,
+        )
+        if same_split and parallel.model_parallel_rank != 0:
+            meta = ckpt.safe_load(directory / ckpt.mp_rank_file_name(parallel.model_parallel_rank), trust=trust)
+        if not own_format:
+            meta = {"iteration": iteration}
+        return LoadedRun(directory, meta, own_format=own_format, optimizer_resumable=same_split)
 
     def _initialize_engine(self) -> Any:
         import deepspeed
 
         ds_config = deepspeed_config(self.cfg, data_parallel_size=self.parallel.data_parallel_size)
         self.model.to(self.parallel.device)
+        loss_fn = loss_module.cross_entropy
+        if self.parallel.model_parallel_size > 1:
+            from kerple.parallel.tensor_parallel import vocab_parallel_loss
+
+            loss_fn = vocab_parallel_loss  # the LM head's logits are split by vocabulary
         engine, _, _, _ = deepspeed.initialize(
-            model=LanguageModelLoss(self.model, loss_module.cross_entropy),
+            model=LanguageModelLoss(self.model, loss_fn),
             optimizer=self.optimizer,
             lr_scheduler=self.scheduler,
             config=ds_config,
@@ -209,15 +266,16 @@ class Trainer:
         )
         return engine
 
-    def _restore_training_state(self, directory: Path, meta: dict[str, Any]) -> None:
-        ck = self.cfg.checkpointing
+    def _restore_training_state(self, loaded: LoadedRun) -> None:
+        ck, meta, directory = self.cfg.checkpointing, loaded.meta, loaded.directory
         if ck.finetune:  # weights only: step count, optimizer, schedule and data start afresh
             return
+        global_batch = self.micro * self.accumulation * self.parallel.data_parallel_size
         self.iteration = int(meta.get("iteration", 0))
-        self.consumed_train_samples = int(meta.get("consumed_train_samples", 0))
+        self.consumed_train_samples = int(meta.get("consumed_train_samples", self.iteration * global_batch))
         self.skipped_steps = int(meta.get("skipped_steps", 0))
         optimizer = self.engine.optimizer
-        if not ck.no_load_optim:
+        if not ck.no_load_optim and loaded.optimizer_resumable:
             if meta.get("optimizer_sharded"):
                 files = [
                     directory / ckpt.optimizer_shard_file_name(dp, self.parallel.model_parallel_rank)
@@ -229,15 +287,18 @@ class Trainer:
                         f"{directory} holds optimizer shards of {saved_dp} data-parallel ranks but this run has "
                         f"{self.parallel.data_parallel_size}; resume with the same number of processes or set no_load_optim"
                     )
-                shards = [ckpt.safe_load(f)["optimizer_state_dict"] for f in files]
+                shards = [ckpt.safe_load(f, trust=self.trust_checkpoint)["optimizer_state_dict"] for f in files]
                 optimizer.load_state_dict(shards, load_optimizer_states=True, load_from_fp32_weights=True)
             elif meta.get("optimizer") is not None:
                 optimizer.load_state_dict(meta["optimizer"])
+        elif not loaded.optimizer_resumable and self.parallel.is_main:
+            kind = "a model-parallel size other than this run's" if loaded.own_format else "the reference format"
+            print(f"note: {directory} is in {kind}; weights and iteration loaded, optimizer state starts fresh", flush=True)
         if meta.get("lr_scheduler") is not None and not ck.no_load_optim:
             self.scheduler.load_state_dict(meta["lr_scheduler"])
         else:
             self.scheduler.step(self.iteration)
-        if not ck.no_load_rng:
+        if not ck.no_load_rng and loaded.own_format:
             restore_rng(meta)
         self.engine.global_steps = self.iteration
         self.engine.global_samples = self.consumed_train_samples
@@ -307,7 +368,7 @@ class Trainer:
             "consumed_train_samples": self.consumed_train_samples,
             "data_position": {"consumed_train_samples": self.consumed_train_samples, "seed": int(self.cfg.training.seed)},
             "skipped_steps": self.skipped_steps,
-            "ds_version": ckpt._ds_version(),
+            "ds_version": ckpt.deepspeed_version(),
         }
         if not ck.no_save_rng:
             client_state.update(capture_rng())
@@ -435,14 +496,18 @@ class Trainer:
         self.optimizer = None
 
 
-def run_training(cfg: Any, *, config_files: list[str] | None = None) -> TrainResult:
-    """Initialise the process groups, train ``cfg`` to the end, and tear everything down."""
+def run_training(cfg: Any, *, config_files: list[str] | None = None, trust_checkpoint: bool = False) -> TrainResult:
+    """Initialise the process groups, train ``cfg`` to the end, and tear everything down.
+
+    ``trust_checkpoint`` (``--trust-checkpoint``) lets ``load`` read pickles that need globals
+    outside the safe allowlist (they can run code: only for files from a trusted source).
+    """
     parallel = init_distributed(cfg.parallelism.model_parallel_size, cfg.parallelism.pipe_parallel_size)
     trainer = None
     try:
         if hasattr(cfg, "resolve_batch"):
             cfg.resolve_batch(parallel.world_size)
-        trainer = Trainer(cfg, parallel, config_files=config_files)
+        trainer = Trainer(cfg, parallel, config_files=config_files, trust_checkpoint=trust_checkpoint)
         return trainer.train()
     finally:
         if trainer is not None:

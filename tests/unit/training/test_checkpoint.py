@@ -71,7 +71,7 @@ def test_load_model_weights_returns_iteration(saved_run: Path, corpus: Path) -> 
     assert ckpt.load_model_weights(model, saved_run) == 4
     saved = ckpt.safe_load(saved_run / "global_step4" / "layer_06-model_00-model_states.pt")
     assert torch.equal(model.state_dict()["sequential.6.final_linear.weight"], saved["final_linear.weight"])
-    with pytest.raises(ckpt.CheckpointError, match="iterations available"):
+    with pytest.raises(ckpt.CheckpointError, match=r"no checkpoint .*global_step2.*available"):
         ckpt.load_model_weights(model, saved_run, iteration=2)
 
 
@@ -188,3 +188,28 @@ def test_sigterm_finishes_step_saves_and_stops(parallel, corpus: Path, tmp_path:
     result = train(tiny_config(corpus, train_iters=10, save=str(save)), parallel)
     assert result.status == "interrupted" and result.iteration == 3
     assert (save / "latest").read_text() == "global_step3"
+
+
+def test_reference_checkpoint_loads_weights_and_iteration(parallel, corpus: Path, saved_run: Path, tmp_path: Path) -> None:
+    """A GPT-NeoX-flavoured checkpoint (no kerple metadata, model-parallel 2) resumes weights and iteration
+    through kerple.checkpoint; the optimizer starts fresh."""
+    from kerple.checkpoint import read_checkpoint, write_checkpoint
+
+    source = read_checkpoint(saved_run)
+    reference = tmp_path / "neox"
+    write_checkpoint(reference, source.state_dict, iteration=4, args=dict(source.args), model_parallel_size=2,
+                     flavor="neox", config_files={"model.yml": "pos-emb: kerple_log\n"})
+    assert "kerple_checkpoint_format" not in ckpt.safe_load(reference / "global_step4" / "mp_rank_00_model_states.pt")
+    cfg = tiny_config(corpus, load=str(reference), train_iters=5).resolve_batch(1)
+    trainer = Trainer(cfg, parallel)
+    try:
+        assert trainer.iteration == 4 and trainer.consumed_train_samples == 16
+        assert trainer.scheduler.num_steps == 4
+        assert not trainer.engine.optimizer.state_dict()["state"]  # reference format: fresh optimizer
+        for name, tensor in source.state_dict.items():
+            assert torch.equal(trainer.model.state_dict()[name], tensor), name
+    finally:
+        trainer.close()
+    wrong = tiny_config(corpus, load=str(reference), pos_emb="alibi").resolve_batch(1)
+    with pytest.raises(ckpt.ArchitectureMismatchError, match="pos_emb"):
+        Trainer(wrong, parallel)

@@ -82,14 +82,21 @@ def single_process_group() -> Iterator[Any]:
     """A one-rank process group for in-process trainers (a generator for pytest fixtures)."""
     from kerple.parallel.groups import init_distributed, teardown
 
-    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
-        os.environ[key] = value
-    os.environ["MASTER_PORT"] = str(free_port())
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    saved = {key: os.environ.get(key) for key in keys}
+    values = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    os.environ.update(values)
     parallel = init_distributed(1, 1)
     try:
         yield parallel
     finally:
         teardown(parallel)
+        # later tests start subprocesses with os.environ: do not hand them this group's port
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def train(cfg: Config, parallel: Any) -> Any:
