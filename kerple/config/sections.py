@@ -129,10 +129,12 @@ class PositionalConfig:
 class AttentionConfig:
     """Which attention implementation computes the scores, and the optional window."""
 
-    attention_impl: Literal["eager", "sdpa", "flex"] = setting(
+    attention_impl: Literal["eager", "sdpa", "flex", "auto"] = setting(
         "eager",
         "eager: reference math (fp32 softmax); sdpa: torch scaled_dot_product_attention with a "
-        "materialised bias; flex: FlexAttention score_mod (no L x L tensor).",
+        "materialised bias; flex: FlexAttention score_mod (no L x L tensor); auto: the fastest of "
+        "these that serves the embedding on the current device, mode and length, chosen at every "
+        "forward (kerple.model.attention.choose_implementation).",
     )
     attention_window: int | None = setting(
         None, "If set to w, each query attends only to the last w keys (thesis 4.3.3).", minimum=1

@@ -158,6 +158,8 @@ def _attention(cfg: Config) -> None:
                 f"covers {total} layers but num_layers is {cfg.model.num_layers}",
                 "attention.attention_config",
             )
+    if cfg.attention.attention_impl == "auto":
+        return  # resolved per forward to an implementation that serves the embedding
     family = positional_family(cfg)
     training = cfg.training.train_iters != 0
     attention = importlib.import_module("kerple.model.attention")

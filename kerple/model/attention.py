@@ -41,6 +41,13 @@ if TYPE_CHECKING:
     from kerple.model.flex import FlexAttentionKernel
 
 ATTENTION_IMPLS: tuple[str, ...] = ("eager", "sdpa", "flex")
+AUTO = "auto"  # resolved per forward by :func:`choose_implementation`
+
+# CPU evaluation switches to compiled FlexAttention from this length on. Compiled flex is faster
+# than sdpa at every length measured on CPU (benchmarks/eval_memory.py: 3.4x at 2048 tokens, with
+# 1/20 of the memory), but each new length costs a compilation of ~10-30 s; below this length the
+# L² work is too small to pay that back, so sdpa (no compilation) is chosen there.
+CPU_FLEX_MIN_LENGTH = 2048
 
 RotateFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -68,6 +75,55 @@ def unsupported_reason(
             "for training, flex for evaluation"
         )
     return None
+
+
+def choose_implementation(
+    kind: PositionKind | str,
+    learnable: bool,
+    device_type: str,
+    training: bool,
+    seq_len: int,
+    *,
+    window: int | None = None,
+    dropout_p: float = 0.0,
+    flex_compiled: bool = True,
+) -> str:
+    """The fastest implementation that can serve an embedding of ``kind`` here (``attention_impl: auto``).
+
+    Choice table (first matching row wins; ``position-only`` = kinds ``none``, ``input``,
+    ``query_key``, i.e. no logit term; ``logit term`` = ``bias`` and ``weight``):
+
+    ======  ==========  ==================================  ==========================================
+    device  mode        embedding                           choice
+    ======  ==========  ==================================  ==========================================
+    cuda    train/eval  position-only, no window            ``sdpa`` (flash/efficient kernel, causal)
+    cuda    train/eval  logit term, or any with a window    ``flex`` (tables in ``score_mod``,
+                                                            block-sparse causal/window mask)
+    cpu     train       bias / position-only                ``sdpa`` (FlexAttention has no CPU
+                                                            backward)
+    cpu     train       weight (multiplicative scale)       ``eager`` (sdpa cannot scale the logits)
+    cpu     eval        ``seq_len >= CPU_FLEX_MIN_LENGTH``  ``flex`` (O(H·L) memory, compiled)
+    cpu     eval        shorter, bias / position-only       ``sdpa``
+    cpu     eval        shorter, weight                     ``eager``
+    ======  ==========  ==================================  ==========================================
+
+    Overrides: training with ``dropout_p > 0`` never picks ``flex`` (no attention dropout there),
+    and ``flex_compiled=False`` (the unfused reference FlexAttention, which materializes the
+    scores) never picks ``flex``; ``sdpa`` then ``eager`` take its place. Every returned choice
+    passes :func:`unsupported_reason`. Other devices follow the CPU rows.
+    """
+    kind = PositionKind(kind)
+    has_logit_term = kind in (PositionKind.BIAS, PositionKind.WEIGHT)
+    flex_allowed = flex_compiled and not (training and dropout_p > 0.0)
+    if device_type == "cuda":
+        wants_flex = has_logit_term or window is not None
+    else:
+        wants_flex = not training and seq_len >= CPU_FLEX_MIN_LENGTH
+    candidates = ("flex", "sdpa", "eager") if wants_flex and flex_allowed else ("sdpa", "eager")
+    for impl in candidates:
+        if unsupported_reason(impl, kind, learnable, device_type, training) is None:
+            return impl
+    return "eager"
 
 
 @dataclass

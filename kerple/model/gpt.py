@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from kerple.model.attention import AttentionContext, unsupported_reason
+from kerple.model.attention import AUTO, AttentionContext, choose_implementation, unsupported_reason
 from kerple.model.cache import KVCache
 from kerple.model.flex import FlexAttentionKernel
 from kerple.model.init import init_function
@@ -44,7 +44,9 @@ class GPTModel(nn.Module):
 
     ``attention_impl`` and ``attention_window`` are plain attributes read at every forward (set
     them through :meth:`set_attention` to have the combination validated), so evaluation can switch
-    kernels or windows on a trained model.
+    kernels or windows on a trained model. ``attention_impl == "auto"`` is resolved at every
+    forward by :func:`~kerple.model.attention.choose_implementation` from the device, the mode and
+    the length (see :meth:`resolve_attention_impl`).
     """
 
     def __init__(
@@ -141,7 +143,9 @@ class GPTModel(nn.Module):
         the device or on training (flex backward on CPU) are checked at every forward instead.
         """
         impl = self.attention_impl if impl is None else impl
-        reason = unsupported_reason(impl, self.positional.kind, self.positional.learnable, "cuda", training=False)
+        reason = None if impl == AUTO else unsupported_reason(
+            impl, self.positional.kind, self.positional.learnable, "cuda", training=False
+        )
         if reason is not None:
             raise ValueError(reason)
         if window != "keep":
@@ -149,6 +153,21 @@ class GPTModel(nn.Module):
                 raise ValueError(f"attention_window must be >= 1 or None, got {window}")
             self.attention_window = None if window is None else int(window)
         self.attention_impl = impl
+
+    def resolve_attention_impl(self, device_type: str, training: bool, seq_len: int) -> str:
+        """The kernel a forward of ``seq_len`` keys would use: ``attention_impl``, or the choice of ``auto``."""
+        if self.attention_impl != AUTO:
+            return self.attention_impl
+        return choose_implementation(
+            self.positional.kind,
+            self.positional.learnable,
+            device_type,
+            training,
+            seq_len,
+            window=self.attention_window,
+            dropout_p=self.attention_dropout,
+            flex_compiled=self._flex.compiled,
+        )
 
     def _init_weights(self, init_method: str, output_layer_init_method: str, std: float) -> None:
         """neox-compat §4: ``init_method`` for weights, ``output_layer_init_method`` for the output projections."""
@@ -185,14 +204,13 @@ class GPTModel(nn.Module):
         if cache is not None and cache.window is not None:
             window = cache.window if window is None else min(window, cache.window)
         training = self.training and torch.is_grad_enabled()
-        reason = unsupported_reason(
-            self.attention_impl, self.positional.kind, self.positional.learnable, device.type, training
-        )
+        impl = self.resolve_attention_impl(device.type, training, k_len)
+        reason = unsupported_reason(impl, self.positional.kind, self.positional.learnable, device.type, training)
         if reason is not None:
             raise ValueError(reason)
         bias_table, scale_table = self.positional.distance_tables(k_len, device=device)
         return AttentionContext(
-            impl=self.attention_impl,
+            impl=impl,
             q_len=q_len,
             k_len=k_len,
             q_positions=torch.arange(start, start + q_len, device=device),
@@ -251,6 +269,21 @@ def _chunk_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     logits = F.linear(hidden, weight).float()  # [b, c, V]
     loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=ignore_index, reduction="none")
     return loss.view_as(labels)
+
+
+def maybe_compile(model: GPTModel, cfg: Any) -> GPTModel:
+    """Compile each transformer layer in place when ``cfg.training.compile`` is true; returns ``model``.
+
+    Per-layer ``nn.Module.compile`` (as torchtitan does) keeps the parameter names and the
+    ``state_dict`` keys unchanged (``torch.compile(model)`` would prefix them with ``_orig_mod.``),
+    leaves the Python-side work of a forward (distance tables, KV cache, kernel choice) uncompiled,
+    and makes every layer reuse one compiled graph. Call it after moving the model to its device
+    and before building the optimizer or a DeepSpeed engine.
+    """
+    if getattr(cfg.training, "compile", False):
+        for layer in model.layers:
+            layer.compile()
+    return model
 
 
 def build_model(cfg: Any, *, flex_compile: bool = True) -> GPTModel:
