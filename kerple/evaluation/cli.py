@@ -1,0 +1,241 @@
+"""``evaluate.py``: perplexity of a trained checkpoint at several lengths (KERPLE §5.2, §5.5).
+
+    python evaluate.py configs/models/162M.yml configs/pe/kerple_log.yml configs/data/github.yml \\
+        --load checkpoints/kerple_log --eval-lengths 512,1024,2048,4096,8192,16384 \\
+        --protocol nonoverlap --output results/kerple_log.json
+
+``key=value`` arguments override config keys as for ``train.py``. The reference evaluated by
+re-running its trainer with ``train-iters: 0`` and ``seq-length-val: L`` (neox-compat §5); here
+every length is evaluated in one process over one token stream (see :mod:`.runner`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kerple.evaluation import protocols
+from kerple.evaluation.runner import (
+    LengthResult,
+    LOGIT_CHUNK_BYTES,
+    EvaluationError,
+    available_bytes,
+    dataset_name,
+    estimate_forward_bytes,
+    evaluate_plan,
+    fit_batch_size,
+    format_table,
+    load_split_stream,
+    model_loss_fn,
+)
+
+RESULTS_FORMAT = "kerple-eval-1"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="evaluate.py", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("configs", nargs="+", help="YAML config files merged in order, then key=value overrides")
+    parser.add_argument("--load", help="checkpoint directory (default: the config's load, else save)")
+    parser.add_argument("--iteration", type=int, help="checkpoint iteration (default: the 'latest' tag)")
+    parser.add_argument("--eval-lengths", required=True, help="comma-separated lengths, e.g. 512,1024,2048")
+    parser.add_argument("--protocol", choices=protocols.PROTOCOLS, default="nonoverlap")
+    parser.add_argument("--split", choices=("valid", "test", "train"), default="valid")
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--num-tokens", type=int, help="score this many tokens at every length (nonoverlap/sliding)")
+    budget.add_argument("--num-windows", type=int, help="a fixed number of windows at every length")
+    parser.add_argument("--stride", type=int, help="stride S of the sliding protocol")
+    parser.add_argument("--attention-window", type=int, help="restrict attention to the last W keys (thesis §4.3.3)")
+    parser.add_argument("--attention-impl", choices=("eager", "sdpa", "flex"))
+    parser.add_argument("--per-position", action="store_true", help="also record the mean loss at each position")
+    parser.add_argument("--tokens-per-batch", type=int, default=16384, help="windows per forward = this // length")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    parser.add_argument("--output", required=True, help="results JSON, written atomically")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return parser
+
+
+def parse_lengths(text: str) -> list[int]:
+    try:
+        lengths = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise EvaluationError(f"--eval-lengths {text!r}: expected comma-separated integers") from None
+    if not lengths or min(lengths) < 1:
+        raise EvaluationError(f"--eval-lengths {text!r}: expected positive lengths")
+    return sorted(set(lengths))
+
+
+def write_json_atomic(doc: dict[str, Any], path: str | Path) -> Path:
+    """Write ``doc`` to a temporary file beside ``path``, fsync it, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w") as out:
+            json.dump(doc, out, indent=1, allow_nan=True)
+            out.write("\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _autocast(cfg: Any, device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16/fp16 autocast on CUDA when the run trained in that precision; fp32 otherwise."""
+    precision = str(getattr(cfg.precision, "precision", "fp32"))
+    if device.type == "cuda" and precision in ("bf16", "fp16"):
+        return torch.autocast("cuda", dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+    return contextlib.nullcontext()
+
+
+def load_trained_model(cfg: Any, load: str | None = None, iteration: int | None = None) -> tuple[torch.nn.Module, str, int]:
+    """Build ``cfg``'s model and load a checkpoint of this project into it (on CPU, eval mode).
+
+    ``load`` defaults to the config's ``load``, then ``save``. Returns (model, folder, iteration).
+    """
+    from kerple.model import build_model
+    from kerple.training.checkpoint import load_model_weights
+
+    load_dir = load or cfg.checkpointing.load or cfg.checkpointing.save
+    if not load_dir:
+        raise EvaluationError("no checkpoint: pass --load DIR (or set load/save in the config)")
+    model = build_model(cfg)
+    loaded = load_model_weights(model, load_dir, iteration)
+    return model.eval(), str(load_dir), loaded
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Load config and checkpoint, evaluate every length, write and return the results document."""
+    from kerple.config import load_config, parse_overrides
+    from kerple.config.neox_keys import normalize_key
+
+    started = time.perf_counter()
+    yamls = [c for c in args.configs if "=" not in c]
+    overrides = parse_overrides([c for c in args.configs if "=" in c])
+    # Evaluation only, as the reference's train-iters 0 (neox-compat §5): validation then allows
+    # kernels without a CPU backward (flex) and nothing is trained.
+    overrides = {k: v for k, v in overrides.items() if normalize_key(k) != "train_iters"}
+    overrides["train_iters"] = 0
+    if args.attention_impl:
+        overrides["attention_impl"] = args.attention_impl
+    if args.attention_window:
+        overrides["attention_window"] = args.attention_window
+    cfg = load_config(yamls, overrides)
+    lengths = parse_lengths(args.eval_lengths)
+    longest_input = max(lengths)
+    cfg.check_eval_length(longest_input)
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model, load_dir, iteration = load_trained_model(cfg, args.load, args.iteration)
+    model.to(device).eval()
+
+    stream = load_split_stream(cfg, args.split)
+    plans = protocols.build_plans(
+        args.protocol,
+        len(stream),
+        lengths,
+        stride=args.stride,
+        num_tokens=args.num_tokens,
+        num_windows=args.num_windows,
+    )
+    impl = cfg.attention.attention_impl
+    free = available_bytes(device)
+    batch_sizes = []
+    for plan in plans:  # refuse before spending time on the shorter lengths
+
+        def estimate(batch: int, n: int = plan.input_length) -> int:
+            return estimate_forward_bytes(
+                batch=batch,
+                length=n,
+                hidden=cfg.model.hidden_size,
+                heads=cfg.model.num_attention_heads,
+                vocab=cfg.model.padded_vocab_size,
+                attention_impl=impl,
+                logit_chunk=max(1, LOGIT_CHUNK_BYTES // (4 * cfg.model.padded_vocab_size * batch)),
+            )
+
+        wanted = max(1, min(plan.num_windows, args.tokens_per_batch // plan.input_length))
+        batch_sizes.append(fit_batch_size(wanted, estimate, free, length=plan.length, attention_impl=impl))
+
+    loss_fn = model_loss_fn(model)
+    results: list[LengthResult] = []
+    with _autocast(cfg, device):
+        for plan, batch in zip(plans, batch_sizes):
+            results.append(
+                evaluate_plan(
+                    loss_fn,
+                    stream,
+                    plan,
+                    batch_size=batch,
+                    per_position=args.per_position,
+                    device=device,
+                    progress=not args.no_progress,
+                )
+            )
+            print(f"L={plan.length}: loss {results[-1].loss:.4f}  ppl {results[-1].ppl:.3f}", file=sys.stderr)
+
+    doc = {
+        "format": RESULTS_FORMAT,
+        "run": {
+            "pos_emb": cfg.positional.pos_emb,
+            "dataset": dataset_name(cfg),
+            "seed": cfg.training.seed,
+            "train_seq_length": cfg.model.seq_length,
+            "iteration": iteration,
+            "load": str(load_dir),
+            "configs": yamls,
+            "overrides": {k: v for k, v in overrides.items()},
+        },
+        "protocol": {
+            "name": args.protocol,
+            "split": args.split,
+            "stride": args.stride,
+            "num_tokens": args.num_tokens,
+            "num_windows": args.num_windows,
+            "attention_impl": impl,
+            "attention_window": cfg.attention.attention_window,
+            "stream_tokens": int(len(stream)),
+        },
+        "environment": {
+            "device": str(device),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "seconds": time.perf_counter() - started,
+        },
+        "results": [r.to_json() for r in results],
+    }
+    write_json_atomic(doc, args.output)
+    print(format_table(results))
+    print(f"wrote {args.output}")
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``evaluate.py``; exits 2 on bad configs or impossible evaluations."""
+    from kerple.config import ConfigError
+    from kerple.data.errors import DataError
+    from kerple.training.checkpoint import CheckpointError
+
+    args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except (ConfigError, DataError, CheckpointError, EvaluationError, protocols.ProtocolError, ValueError) as error:
+        print(f"evaluate.py: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+

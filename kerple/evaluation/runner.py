@@ -1,0 +1,263 @@
+"""Extrapolation evaluation: run a model over the windows of a protocol and collect losses.
+
+The split's documents are concatenated in their stored order into one token stream (the
+reference instead draws its windows from a shuffled ``GPT2Dataset`` at each length; a fixed stream
+lets every length score the *same* tokens, which the paired comparison of §5.2 wants).
+Losses are summed in float64; ``ppl = exp(mean loss over scored tokens)``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from kerple.evaluation.protocols import WindowPlan
+
+# (tokens [b, n], labels [b, n], first) -> per-token loss [b, n - first] of positions first .. n - 1
+LossFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+SPLITS = ("train", "valid", "test")
+LOGIT_CHUNK_BYTES = 256 * 2**20  # budget for one chunk of fp32 logits in chunked_loss
+MEMORY_HEADROOM = 0.9  # refuse when the estimate exceeds this fraction of the free memory
+
+
+class EvaluationError(RuntimeError):
+    """The evaluation cannot run as asked (memory, lengths, data); the message says why."""
+
+
+@dataclass
+class LengthResult:
+    """The outcome at one evaluation length, as written to ``results.json``."""
+
+    length: int
+    input_length: int
+    loss: float
+    ppl: float
+    num_windows: int
+    scored_tokens: int
+    batch_size: int
+    seconds: float
+    per_position_loss: list[float | None] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        if self.per_position_loss is None:
+            doc.pop("per_position_loss")
+        return doc
+
+
+# --- data -----------------------------------------------------------------------------------
+
+
+def load_split_stream(cfg: Any, split: str) -> np.ndarray:
+    """The documents of ``split`` concatenated in stored order, as int64 ``[n]``.
+
+    ``cfg.data.<split>_data_paths`` when set, otherwise the ``split`` range of ``cfg.data.data_path``
+    (the same contiguous document ranges the trainer uses, neox-compat §7).
+    """
+    from kerple.data.gpt2_dataset import split_boundaries
+    from kerple.data.indexed_dataset import MMapIndexedDataset
+
+    if split not in SPLITS:
+        raise EvaluationError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    data = cfg.data
+    separate = getattr(data, f"{split}_data_paths", None)
+    if separate:
+        prefix = separate[0] if isinstance(separate, (list, tuple)) else separate
+        indexed = MMapIndexedDataset(prefix)
+        first, last = 0, len(indexed)
+    else:
+        prefix = data.data_path[0] if isinstance(data.data_path, (list, tuple)) else data.data_path
+        if not prefix:
+            raise EvaluationError("the config sets no data_path to evaluate on")
+        indexed = MMapIndexedDataset(prefix)
+        bounds = split_boundaries(str(data.split or "969,30,1"), len(indexed))
+        position = SPLITS.index(split)
+        first, last = bounds[position], bounds[position + 1]
+    if last <= first:
+        raise EvaluationError(f"split {split!r} of {prefix} holds no documents (split {data.split!r})")
+    return np.concatenate([np.asarray(indexed[i], dtype=np.int64) for i in range(first, last)])
+
+
+def dataset_name(cfg: Any) -> str:
+    """A short dataset name from the data path: ``data/github/github_text_document`` -> ``github``."""
+    path = getattr(cfg.data, "valid_data_paths", None) or cfg.data.data_path
+    path = path[0] if isinstance(path, (list, tuple)) else path
+    return Path(str(path)).name.removesuffix("_text_document") if path else "unknown"
+
+
+# --- memory ---------------------------------------------------------------------------------
+
+
+def estimate_forward_bytes(
+    *,
+    batch: int,
+    length: int,
+    hidden: int,
+    heads: int,
+    vocab: int,
+    attention_impl: str,
+    logit_chunk: int,
+) -> int:
+    """Rough peak bytes of one no-grad fp32 forward beyond the weights.
+
+    eager and sdpa materialize ``[b, H, L, L]`` fp32 scores (eager also the softmax output, sdpa
+    its float mask) plus the ``[H, L, L]`` bias gathered from the distance tables; ``flex`` keeps
+    only O(L) tables. Activations of one layer are ~12 hidden-sized fp32 tensors per token (the
+    4h MLP intermediate included), and the loss materializes one chunk of fp32 logits at a time.
+    """
+    activations = 12 * batch * length * hidden * 4
+    if attention_impl == "flex":
+        attention = 4 * batch * heads * length * 4
+    else:
+        attention = 3 * batch * heads * length * length * 4 + heads * length * length * 4
+    logits = 3 * batch * min(logit_chunk, length) * vocab * 4
+    return activations + attention + logits
+
+
+def available_bytes(device: torch.device) -> int:
+    """Free memory on ``device``: ``cuda.mem_get_info`` on GPUs, available RAM otherwise."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def fit_batch_size(
+    wanted: int, estimate: Callable[[int], int], free: int, *, length: int, attention_impl: str
+) -> int:
+    """Largest batch ``<= wanted`` whose estimate fits ``MEMORY_HEADROOM * free``; refuses if none."""
+    batch = wanted
+    while batch > 1 and estimate(batch) > MEMORY_HEADROOM * free:
+        batch //= 2
+    needed = estimate(batch)
+    if needed > MEMORY_HEADROOM * free:
+        hint = (
+            " attention_impl=flex avoids the L×L score matrices." if attention_impl != "flex" else ""
+        )
+        raise EvaluationError(
+            f"length {length} does not fit in memory: one window needs about {needed / 2**30:.1f} GiB "
+            f"with attention_impl={attention_impl}, but only {free / 2**30:.1f} GiB is free.{hint}"
+        )
+    return batch
+
+
+# --- the evaluation loop --------------------------------------------------------------------
+
+
+def model_loss_fn(model: nn.Module, logit_chunk_bytes: int = LOGIT_CHUNK_BYTES) -> LossFn:
+    """Per-token losses of a ``GPTModel`` for the positions ``first .. n - 1`` of each window.
+
+    Whole windows go through ``GPTModel.chunked_loss`` (never full-length fp32 logits); when only a
+    suffix is scored (sliding, last_token) the LM head runs on that suffix alone. Any other module
+    mapping tokens to logits also works (full logits, then cross entropy).
+    """
+    vocab = int(getattr(model, "vocab_size", 0) or 0)
+
+    def loss(tokens: torch.Tensor, labels: torch.Tensor, first: int) -> torch.Tensor:
+        chunk = max(1, logit_chunk_bytes // (4 * max(vocab, 1) * tokens.shape[0]))
+        if first == 0 and hasattr(model, "chunked_loss"):
+            return model.chunked_loss(tokens, labels, chunk_size=chunk).float()
+        if hasattr(model, "hidden_states"):
+            hidden = model.hidden_states(tokens)[:, first:]  # [b, n - first, h]
+            labels = labels[:, first:]
+            pieces = []
+            for start in range(0, hidden.shape[1], chunk):
+                logits = F.linear(hidden[:, start : start + chunk], model.lm_head_weight).float()
+                pieces.append(F.cross_entropy(logits.transpose(1, 2), labels[:, start : start + chunk], reduction="none"))
+            return torch.cat(pieces, dim=1)
+        logits = model(tokens)[:, first:].float()  # [b, n - first, V]
+        return F.cross_entropy(logits.transpose(1, 2), labels[:, first:], reduction="none")
+
+    return loss
+
+
+def _windows(stream: torch.Tensor, plan: WindowPlan, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Input and label tokens ``[b, n]`` of the windows ``index`` of ``plan``."""
+    offsets = torch.arange(plan.input_length + 1)
+    starts = torch.from_numpy(plan.starts[index])
+    rows = stream[starts[:, None] + offsets[None, :]]  # [b, n + 1]
+    return rows[:, :-1], rows[:, 1:]
+
+
+@torch.no_grad()
+def evaluate_plan(
+    loss_fn: LossFn,
+    stream: np.ndarray | torch.Tensor,
+    plan: WindowPlan,
+    *,
+    batch_size: int = 1,
+    per_position: bool = False,
+    device: torch.device | str = "cpu",
+    progress: bool = True,
+) -> LengthResult:
+    """Score every window of ``plan``; the mean loss is over exactly the plan's scored tokens.
+
+    With ``per_position`` also the mean loss at each input position ``0 .. input_length - 1``
+    (KERPLE §5.5), ``None`` where the protocol scores no token at that position.
+    """
+    stream = torch.as_tensor(stream, dtype=torch.long)
+    n = plan.input_length
+    if plan.num_windows and int(plan.starts.max()) + n + 1 > stream.numel():
+        raise EvaluationError(f"length {plan.length}: windows reach past the {stream.numel()}-token stream")
+    total = torch.zeros((), dtype=torch.float64)
+    position_sum = torch.zeros(n, dtype=torch.float64)
+    position_count = torch.zeros(n, dtype=torch.float64)
+    positions = torch.arange(n)
+    start_time = time.perf_counter()
+    bar = tqdm(
+        total=plan.num_windows, desc=f"eval L={plan.length}", unit="win", disable=not progress, leave=False
+    )
+    for first in range(0, plan.num_windows, batch_size):
+        index = np.arange(first, min(first + batch_size, plan.num_windows))
+        tokens, labels = _windows(stream, plan, index)
+        first = int(plan.score_from[index].min())
+        losses = loss_fn(tokens.to(device), labels.to(device), first).double().cpu()  # [b, n - first]
+        scored = positions[None, first:] >= torch.from_numpy(plan.score_from[index])[:, None]  # [b, n - first]
+        masked = torch.where(scored, losses, torch.zeros_like(losses))
+        total += masked.sum()
+        position_sum[first:] += masked.sum(0)
+        position_count[first:] += scored.sum(0)
+        bar.update(len(index))
+        bar.set_postfix(loss=f"{(total / position_count.sum().clamp(min=1)).item():.4f}")
+    bar.close()
+    scored_tokens = int(position_count.sum().item())
+    loss = (total / max(scored_tokens, 1)).item()
+    per_position_loss = None
+    if per_position:
+        means = (position_sum / position_count.clamp(min=1)).tolist()
+        per_position_loss = [m if c > 0 else None for m, c in zip(means, position_count.tolist())]
+    return LengthResult(
+        length=plan.length,
+        input_length=n,
+        loss=loss,
+        ppl=math.exp(loss) if loss < 700 else math.inf,
+        num_windows=plan.num_windows,
+        scored_tokens=scored_tokens,
+        batch_size=batch_size,
+        seconds=time.perf_counter() - start_time,
+        per_position_loss=per_position_loss,
+    )
+
+
+def format_table(results: Sequence[LengthResult]) -> str:
+    """A console table: one row per length."""
+    header = f"{'length':>8} {'windows':>8} {'scored':>10} {'loss':>9} {'ppl':>11} {'tok/s':>9}"
+    lines = [header, "-" * len(header)]
+    for r in results:
+        speed = r.num_windows * r.input_length / r.seconds if r.seconds > 0 else math.nan
+        lines.append(
+            f"{r.length:>8} {r.num_windows:>8} {r.scored_tokens:>10} {r.loss:>9.4f} {r.ppl:>11.3f} {speed:>9.0f}"
+        )
+    return "\n".join(lines)

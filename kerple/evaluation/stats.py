@@ -1,0 +1,237 @@
+"""Seed statistics and the layout of the paper's Table 3 (KERPLE §5.2).
+
+Each cell is the mean ± sample standard deviation (``ddof = 1``) of the perplexity over seeds (the
+value alone for a single seed).
+Each candidate embedding is compared with the reference (``kerple_log`` in the paper) by a paired
+two-sided t-test per length (``scipy.stats.ttest_rel``, runs paired by seed, α = 0.05) on the
+perplexities, and marked † when the reference is significantly *better* (lower perplexity).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+ALPHA = 0.05
+DAGGER = "†"
+
+# The paper's column order and names (Table 3); other embeddings follow alphabetically.
+DISPLAY_NAMES = {
+    "kerple_log": "KERPLE (log)",
+    "kerple_power": "KERPLE (power)",
+    "alibi": "ALiBi",
+    "rpe": "T5",
+    "rotary": "Rotary",
+    "sinusoidal": "Sinusoidal",
+    "sandwich": "Sandwich",
+    "learned": "Learned",
+    "none": "NoPE",
+}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One ``results.json`` written by ``evaluate.py``: one model (embedding, dataset, seed)."""
+
+    path: str
+    variant: str  # pos_emb, suffixed "-windowed@W" when evaluated with an attention window
+    dataset: str
+    seed: int | None
+    train_length: int | None
+    protocol: str
+    ppl: dict[int, float] = field(default_factory=dict)
+
+
+def load_run(path: str | Path) -> RunResult:
+    """Read one ``results.json``; raises ``ValueError`` naming the file when it is not one."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        run, protocol = doc["run"], doc["protocol"]
+        ppl = {int(row["length"]): float(row["ppl"]) for row in doc["results"]}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not an evaluate.py results file ({exc})") from exc
+    variant = str(run["pos_emb"])
+    if protocol.get("attention_window"):
+        variant += f"-windowed@{protocol['attention_window']}"
+    return RunResult(
+        path=str(path),
+        variant=variant,
+        dataset=str(run.get("dataset") or "unknown"),
+        seed=run.get("seed"),
+        train_length=run.get("train_seq_length"),
+        protocol=str(protocol["name"]),
+        ppl=ppl,
+    )
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (``ddof = 1``; 0 for a single value)."""
+    array = np.asarray(values, dtype=np.float64)
+    if array.size == 0:
+        raise ValueError("mean_std of no values")
+    std = float(array.std(ddof=1)) if array.size > 1 else 0.0
+    return float(array.mean()), std
+
+
+def reference_significantly_better(
+    reference: Sequence[float], candidate: Sequence[float], alpha: float = ALPHA
+) -> tuple[bool, float]:
+    """Paired two-sided t-test (pairs in the given order); returns (†-mark, p-value).
+
+    The mark is set when ``p < alpha`` and the reference's mean perplexity is the lower one.
+    Fewer than two pairs, or identical pairs, give no mark and ``p = nan``.
+    """
+    if len(reference) != len(candidate):
+        raise ValueError(f"paired test needs equal counts, got {len(reference)} and {len(candidate)}")
+    if len(reference) < 2:
+        return False, math.nan
+    with np.errstate(divide="ignore", invalid="ignore"):
+        result = scipy_stats.ttest_rel(reference, candidate)
+    p_value = float(result.pvalue)
+    if math.isnan(p_value):
+        return False, p_value
+    return bool(p_value < alpha and np.mean(reference) < np.mean(candidate)), p_value
+
+
+@dataclass(frozen=True)
+class Cell:
+    mean: float
+    std: float
+    seeds: int
+    dagger: bool
+    p_value: float
+
+
+@dataclass(frozen=True)
+class Table:
+    """One Table-3 block: rows are lengths, columns are variants (reference first)."""
+
+    title: str
+    reference: str
+    variants: list[str]
+    lengths: list[int]
+    cells: dict[tuple[int, str], Cell]
+
+
+def _variant_order(variant: str) -> tuple[int, str]:
+    base = variant.split("-windowed@")[0]
+    order = list(DISPLAY_NAMES)
+    return (order.index(base) if base in order else len(order), variant)
+
+
+def build_tables(runs: Sequence[RunResult], reference: str, alpha: float = ALPHA) -> list[Table]:
+    """Group runs by (dataset, train length, protocol), then by variant, and fill Table-3 cells.
+
+    Pairs for the t-test are the seeds present in both the reference and the candidate at a length.
+    """
+    groups: dict[tuple[str, int | None, str], dict[str, list[RunResult]]] = {}
+    for run in runs:
+        groups.setdefault((run.dataset, run.train_length, run.protocol), {}).setdefault(run.variant, []).append(run)
+    tables = []
+    for (dataset, train_length, protocol), by_variant in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        variants = sorted(by_variant, key=lambda v: (v != reference, _variant_order(v)))
+        lengths = sorted({length for rs in by_variant.values() for r in rs for length in r.ppl})
+        cells: dict[tuple[int, str], Cell] = {}
+        ref_runs = by_variant.get(reference, [])
+        for length in lengths:
+            ref_by_seed = {r.seed: r.ppl[length] for r in ref_runs if length in r.ppl}
+            for variant in variants:
+                values = {r.seed: r.ppl[length] for r in by_variant[variant] if length in r.ppl}
+                if not values:
+                    continue
+                mean, std = mean_std(list(values.values()))
+                dagger, p_value = False, math.nan
+                if variant != reference:
+                    seeds = sorted((s for s in values if s in ref_by_seed), key=str)
+                    dagger, p_value = reference_significantly_better(
+                        [ref_by_seed[s] for s in seeds], [values[s] for s in seeds], alpha
+                    )
+                cells[(length, variant)] = Cell(mean, std, len(values), dagger, p_value)
+        title = f"{dataset} (train length {train_length}, {protocol})"
+        tables.append(Table(title, reference, variants, lengths, cells))
+    return tables
+
+
+def format_mean_std(mean: float, std: float) -> str:
+    """Three significant figures on the mean, the std to the same decimal place (as Table 3)."""
+    if not math.isfinite(mean):
+        return f"{mean}"
+    decimals = max(0, 2 - int(math.floor(math.log10(abs(mean))))) if mean else 2
+    return f"{mean:.{decimals}f} ± {std:.{decimals}f}"
+
+
+def display_name(variant: str) -> str:
+    base, _, window = variant.partition("-windowed@")
+    name = DISPLAY_NAMES.get(base, base)
+    return f"{name} windowed@{window}" if window else name
+
+
+def _rows(table: Table, dagger: str) -> list[list[str]]:
+    rows = []
+    for length in table.lengths:
+        row = [str(length)]
+        for variant in table.variants:
+            cell = table.cells.get((length, variant))
+            if cell is None:
+                row.append("")
+                continue
+            text = format_mean_std(cell.mean, cell.std) if cell.seeds > 1 else format_mean_std(cell.mean, 0.0).split(" ±")[0]
+            row.append(text + (dagger if cell.dagger else ""))
+        rows.append(row)
+    return rows
+
+
+def _render_csv(tables: Sequence[Table]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["table", "length", "variant", "mean_ppl", "std_ppl", "seeds", "p_value", "dagger"])
+    for table in tables:
+        for length in table.lengths:
+            for variant in table.variants:
+                cell = table.cells.get((length, variant))
+                if cell is not None:
+                    writer.writerow(
+                        [table.title, length, variant, cell.mean, cell.std, cell.seeds, cell.p_value, int(cell.dagger)]
+                    )
+    return buffer.getvalue()
+
+
+def render(tables: Sequence[Table], fmt: str, alpha: float = ALPHA) -> str:
+    """Render tables as ``markdown``, ``latex`` or ``csv``."""
+    note = (
+        f"{DAGGER}: the reference is significantly better (paired two-sided t-test over seeds, α = {alpha}); "
+        "cells are mean ± std of perplexity over seeds."
+    )
+    if fmt == "csv":
+        return _render_csv(tables)
+    out = []
+    for table in tables:
+        header = ["Extrp."] + [display_name(v) for v in table.variants]
+        if fmt == "markdown":
+            out.append(f"**{table.title}**, reference {display_name(table.reference)}\n")
+            out.append("| " + " | ".join(header) + " |")
+            out.append("|" + "|".join("---:" for _ in header) + "|")
+            out.extend("| " + " | ".join(row) + " |" for row in _rows(table, DAGGER))
+            out.append("")
+        elif fmt == "latex":
+            out.append(f"% {table.title}, reference {display_name(table.reference)}")
+            out.append("\\begin{tabular}{r" + "c" * len(table.variants) + "}")
+            out.append(" & ".join(name.replace("_", "\\_") for name in header) + " \\\\ \\hline")
+            for row in _rows(table, "$^\\dagger$"):
+                out.append(" & ".join(cell.replace("±", "$\\pm$") for cell in row) + " \\\\")
+            out.append("\\end{tabular}\n")
+        else:
+            raise ValueError(f"unknown format {fmt!r}; choose markdown, latex or csv")
+    if fmt == "latex":
+        out.append("% " + note.replace(DAGGER, "$^\\dagger$"))
+    elif fmt == "markdown":
+        out.append(note)
+    return "\n".join(out).rstrip() + "\n"

@@ -1,0 +1,61 @@
+"""compare_runs: table and plot files next to the results; CLI helpers of evaluate.py."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from kerple.evaluation.cli import parse_lengths, write_json_atomic
+from kerple.evaluation.compare import compare
+from kerple.evaluation.runner import EvaluationError
+
+
+def write_result(folder: Path, pos_emb: str, seed: int, dataset: str, ppl: dict[int, float]) -> Path:
+    doc = {
+        "run": {"pos_emb": pos_emb, "dataset": dataset, "seed": seed, "train_seq_length": 512},
+        "protocol": {"name": "nonoverlap", "attention_window": None},
+        "results": [{"length": k, "loss": math.log(v), "ppl": v} for k, v in ppl.items()],
+    }
+    return write_json_atomic(doc, folder / f"{dataset}-{pos_emb}-{seed}.json")
+
+
+def test_compare_groups_by_dataset_and_writes_next_to_results(tmp_path: Path) -> None:
+    paths = []
+    for seed in range(3):
+        for dataset in ("github", "arxiv"):
+            paths.append(write_result(tmp_path, "kerple_log", seed, dataset, {512: 3.4 + 0.1 * seed, 1024: 3.0 + 0.1 * seed}))
+            paths.append(write_result(tmp_path, "rotary", seed, dataset, {512: [3.5, 3.4, 3.8][seed], 1024: 3.9 + 0.12 * seed}))
+    text, written = compare(paths, reference="kerple_log", fmt="markdown")
+    assert text.count("| Extrp. | KERPLE (log) | Rotary |") == 2
+    assert "**arxiv (train length 512, nonoverlap)**" in text and "**github (train length 512, nonoverlap)**" in text
+    # 1024: differences 0.9, 0.92, 0.94 -> t = 0.92 / (0.02 / sqrt(3)) = 79.7 > 4.303 (df 2): marked
+    assert "| 1024 | 3.10 ± 0.10 | 4.02 ± 0.12† |" in text
+    # 512: differences 0.1, -0.1, 0.2 -> t = 0.0667 / (0.1528 / sqrt(3)) = 0.76 < 4.303: no mark
+    assert "| 512 | 3.50 ± 0.10 | 3.57 ± 0.21 |" in text
+    names = sorted(p.name for p in written)
+    assert names == [
+        "comparison.md",
+        "ppl_vs_length_arxiv_train_length_512_nonoverlap.png",
+        "ppl_vs_length_github_train_length_512_nonoverlap.png",
+    ]
+    assert all(p.parent == tmp_path and p.stat().st_size > 0 for p in written)
+    latex, _ = compare(paths, reference="kerple_log", fmt="latex", out_dir=tmp_path / "tex")
+    assert (tmp_path / "tex" / "comparison.tex").read_text() == latex
+
+
+def test_compare_refuses_a_missing_reference(tmp_path: Path) -> None:
+    path = write_result(tmp_path, "alibi", 0, "github", {512: 3.0})
+    with pytest.raises(ValueError, match="reference 'kerple_log' is not among the runs"):
+        compare([path], reference="kerple_log")
+
+
+def test_parse_lengths_and_atomic_json(tmp_path: Path) -> None:
+    assert parse_lengths("1024,512,512") == [512, 1024]
+    with pytest.raises(EvaluationError, match="comma-separated integers"):
+        parse_lengths("512,1k")
+    target = write_json_atomic({"a": [1, 2]}, tmp_path / "deep" / "r.json")
+    assert json.loads(target.read_text()) == {"a": [1, 2]}
+    assert [p.name for p in target.parent.iterdir()] == ["r.json"]

@@ -1,0 +1,90 @@
+"""Protocol arithmetic against hand-written expectations on small token streams."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kerple.evaluation.protocols import ProtocolError, build_plans, last_token, nonoverlap, sliding
+
+
+def test_nonoverlap_scores_the_same_tokens_at_every_length() -> None:
+    # 37 tokens -> 36 labels; longest length 8 -> T = 32 labels shared by all lengths.
+    plans = nonoverlap(37, [2, 4, 8])
+    assert [p.num_windows for p in plans] == [16, 8, 4]
+    assert [p.scored_tokens for p in plans] == [32, 32, 32]
+    assert plans[2].starts.tolist() == [0, 8, 16, 24]
+    assert plans[1].starts.tolist() == [0, 4, 8, 12, 16, 20, 24, 28]
+    for plan in plans:
+        assert plan.scored_label_indices().tolist() == list(range(1, 33))
+
+
+def test_nonoverlap_num_tokens_and_fixed_window_count() -> None:
+    plans = nonoverlap(100, [4, 8], num_tokens=20)  # 20 -> 16 (multiple of 8)
+    assert [p.num_windows for p in plans] == [4, 2]
+    fixed = nonoverlap(100, [4, 8], num_windows=3)
+    assert [p.starts.tolist() for p in fixed] == [[0, 4, 8], [0, 8, 16]]
+    assert [p.scored_tokens for p in fixed] == [12, 24]
+    with pytest.raises(ProtocolError, match="need 105 tokens"):
+        nonoverlap(100, [8], num_windows=13)
+    with pytest.raises(ProtocolError, match="does not divide"):
+        nonoverlap(100, [5, 8])
+
+
+def test_nonoverlap_needs_a_window_plus_label() -> None:
+    assert nonoverlap(9, [8])[0].num_windows == 1
+    with pytest.raises(ProtocolError, match="needs at least 9"):
+        nonoverlap(8, [8])
+
+
+def test_sliding_first_window_scores_all_then_last_stride() -> None:
+    # 21 tokens, length 8, stride 4: T = 16 labels; windows start 0, 4, 8.
+    (plan,) = sliding(21, [8], stride=4)
+    assert plan.starts.tolist() == [0, 4, 8]
+    assert plan.score_from.tolist() == [0, 4, 4]
+    assert plan.scored_tokens == 16
+    # window 0 scores labels 1..8, window 1 labels 9..12, window 2 labels 13..16
+    assert plan.scored_label_indices().tolist() == list(range(1, 17))
+
+
+def test_sliding_covers_the_same_labels_at_every_length() -> None:
+    plans = sliding(40, [4, 8], stride=2)  # T = 32
+    assert [p.num_windows for p in plans] == [15, 13]
+    for plan in plans:
+        assert plan.scored_label_indices().tolist() == list(range(1, 33))
+    with pytest.raises(ProtocolError, match="stride must be"):
+        sliding(40, [4, 8], stride=5)
+
+
+def test_sliding_with_stride_equal_length_is_nonoverlap() -> None:
+    (slide,) = sliding(37, [8], stride=8)
+    (plain,) = nonoverlap(37, [8])
+    assert slide.starts.tolist() == plain.starts.tolist()
+    assert slide.score_from.tolist() == plain.score_from.tolist()
+
+
+def test_last_token_same_targets_with_length_minus_one_context() -> None:
+    # 26 tokens, longest 8: three disjoint segments [0,8), [8,16), [16,24); targets 7, 15, 23.
+    plans = last_token(26, [2, 4, 8])
+    for plan in plans:
+        assert plan.num_windows == 3
+        assert plan.scored_tokens == 3
+        assert plan.scored_label_indices().tolist() == [7, 15, 23]
+        assert plan.input_length == plan.length - 1
+    short, _, long = plans
+    assert short.starts.tolist() == [6, 14, 22]  # reads one token: the one right before the target
+    assert long.starts.tolist() == [0, 8, 16]  # reads the 7 tokens before the target
+    assert last_token(26, [4, 8], num_windows=2)[0].starts.tolist() == [4, 12]
+    with pytest.raises(ProtocolError, match="holds 3"):
+        last_token(26, [8], num_windows=4)
+
+
+def test_build_plans_validates_its_arguments() -> None:
+    with pytest.raises(ProtocolError, match="unknown protocol"):
+        build_plans("strided", 100, [8])
+    with pytest.raises(ProtocolError, match="needs --stride"):
+        build_plans("sliding", 100, [8])
+    with pytest.raises(ProtocolError, match="at most one"):
+        build_plans("nonoverlap", 100, [8], num_tokens=16, num_windows=2)
+    plans = build_plans("last_token", 100, [4, 8])
+    assert isinstance(plans[0].starts, np.ndarray) and plans[0].starts.dtype == np.int64

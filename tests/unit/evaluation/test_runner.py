@@ -1,0 +1,136 @@
+"""The evaluation loop against hand-computed losses, with stand-in loss functions and a tiny model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from kerple.evaluation.protocols import last_token, nonoverlap, sliding
+from kerple.evaluation.runner import (
+    EvaluationError,
+    estimate_forward_bytes,
+    evaluate_plan,
+    fit_batch_size,
+    model_loss_fn,
+)
+
+STREAM = np.array([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9], dtype=np.int64)
+
+
+def label_plus_position(tokens: torch.Tensor, labels: torch.Tensor, first: int) -> torch.Tensor:
+    """loss = label / 100 + position / 10: every number below follows by hand."""
+    positions = torch.arange(first, labels.shape[1], dtype=torch.float64)[None, :]
+    return labels[:, first:].double() / 100 + positions / 10
+
+
+def test_nonoverlap_loss_and_per_position_by_hand() -> None:
+    (plan,) = nonoverlap(len(STREAM), [4])  # windows at 0, 4, 8; labels 1 4 1 5 | 9 2 6 5 | 3 5 8 9
+    result = evaluate_plan(label_plus_position, STREAM, plan, batch_size=2, per_position=True, progress=False)
+    assert result.num_windows == 3 and result.scored_tokens == 12
+    assert result.loss == pytest.approx(58 / 12 / 100 + 0.15)
+    assert result.ppl == pytest.approx(math.exp(result.loss))
+    expected = [13 / 300, 11 / 300 + 0.1, 15 / 300 + 0.2, 19 / 300 + 0.3]
+    assert result.per_position_loss == pytest.approx(expected)
+    # equal counts at every position: the per-position means average to the overall loss
+    assert sum(result.per_position_loss) / 4 == pytest.approx(result.loss)
+
+
+def test_sliding_scores_only_the_last_stride() -> None:
+    (plan,) = sliding(len(STREAM), [4], stride=2)  # T = 12: windows at 0, 2, 4, 6, 8
+    result = evaluate_plan(label_plus_position, STREAM, plan, batch_size=3, per_position=True, progress=False)
+    # window 0 scores labels 1 4 1 5 at positions 0-3; later windows score positions 2, 3
+    labels = [1, 4, 1, 5] + [9, 2] + [6, 5] + [3, 5] + [8, 9]
+    positions = [0, 1, 2, 3] + [2, 3] * 4
+    assert result.scored_tokens == 12
+    assert result.loss == pytest.approx(sum(labels) / 1200 + sum(positions) / 120)
+    assert result.per_position_loss[0] == pytest.approx(0.01)
+    assert result.per_position_loss[2] == pytest.approx((1 + 9 + 6 + 3 + 8) / 500 + 0.2)
+
+
+def test_last_token_scores_the_same_targets_at_every_length() -> None:
+    def label_only(tokens: torch.Tensor, labels: torch.Tensor, first: int) -> torch.Tensor:
+        return labels[:, first:].double() / 100
+
+    stream = np.arange(100, 140, dtype=np.int64)  # token value = 100 + stream index
+    plans = last_token(len(stream), [2, 4, 8])  # targets at stream indices 7, 15, 23, 31, 39
+    losses = {plan.length: evaluate_plan(label_only, stream, plan, progress=False).loss for plan in plans}
+    expected = (107 + 115 + 123 + 131 + 139) / 5 / 100
+    assert losses == {2: pytest.approx(expected), 4: pytest.approx(expected), 8: pytest.approx(expected)}
+
+
+class TinyCausalLM(nn.Module):
+    """Embedding + one causal self-attention layer + head, enough to give position-dependent losses."""
+
+    def __init__(self, vocab: int = 16, hidden: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.attn = nn.MultiheadAttention(hidden, 2, batch_first=True)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        mask = torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool).triu(1)
+        x = x + self.attn(x, x, x, attn_mask=mask, need_weights=False)[0]
+        return self.head(x)
+
+
+def test_real_model_per_position_mean_and_repeatability() -> None:
+    torch.manual_seed(0)
+    model = TinyCausalLM().eval()
+    stream = np.random.default_rng(0).integers(0, 16, size=200)
+    plans = nonoverlap(len(stream), [8, 16])
+    loss_fn = model_loss_fn(model)
+    first = [evaluate_plan(loss_fn, stream, p, batch_size=4, per_position=True, progress=False) for p in plans]
+    again = [evaluate_plan(loss_fn, stream, p, batch_size=4, per_position=True, progress=False) for p in plans]
+    for a, b in zip(first, again):
+        assert a.loss == b.loss and a.per_position_loss == b.per_position_loss
+        assert sum(a.per_position_loss) / len(a.per_position_loss) == pytest.approx(a.loss, rel=1e-12)
+    # the loss over the same scored tokens by direct cross-entropy on each window
+    plan = plans[0]
+    direct = []
+    for start in plan.starts:
+        window = torch.as_tensor(stream[start : start + 9])
+        logits = model(window[None, :-1])[0]
+        direct.append(nn.functional.cross_entropy(logits, window[1:], reduction="sum").item())
+    assert first[0].loss == pytest.approx(sum(direct) / plan.scored_tokens, rel=1e-6)
+
+
+def test_memory_estimate_by_hand() -> None:
+    common = dict(batch=1, length=1024, hidden=64, heads=4, vocab=100, logit_chunk=1024)
+    activations = 12 * 1024 * 64 * 4
+    logits = 3 * 1024 * 100 * 4
+    eager = estimate_forward_bytes(attention_impl="eager", **common)
+    assert eager == activations + (3 * 4 + 4) * 1024 * 1024 * 4 + logits
+    flex = estimate_forward_bytes(attention_impl="flex", **common)
+    assert flex == activations + 4 * 4 * 1024 * 4 + logits
+
+
+def test_batch_shrinks_to_fit_then_refuses() -> None:
+    def estimate(batch: int) -> int:
+        return 100 * batch
+
+    assert fit_batch_size(64, estimate, 1000, length=512, attention_impl="sdpa") == 8
+    with pytest.raises(EvaluationError, match=r"length 512 does not fit in memory.*attention_impl=flex"):
+        fit_batch_size(64, estimate, 50, length=512, attention_impl="sdpa")
+
+
+def test_suffix_scoring_matches_the_full_loss_of_a_gpt_model() -> None:
+    from kerple import positional
+    from kerple.model.gpt import GPTModel
+
+    torch.manual_seed(0)
+    embedding = positional.build("kerple_log", num_heads=2, head_dim=8, hidden_size=16, max_positions=32)
+    model = GPTModel(num_layers=1, hidden_size=16, num_attention_heads=2, padded_vocab_size=32, positional=embedding).eval()
+    tokens = torch.randint(0, 32, (3, 21))
+    loss_fn = model_loss_fn(model, logit_chunk_bytes=4 * 32 * 3 * 4)  # 4-position logit chunks
+    with torch.no_grad():
+        full = loss_fn(tokens[:, :-1], tokens[:, 1:], 0)
+        suffix = loss_fn(tokens[:, :-1], tokens[:, 1:], 13)
+        reference = model.chunked_loss(tokens[:, :-1], tokens[:, 1:], chunk_size=20)
+    assert full.shape == (3, 20) and suffix.shape == (3, 7)
+    torch.testing.assert_close(full, reference)
+    torch.testing.assert_close(suffix, reference[:, 13:])

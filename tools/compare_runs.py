@@ -1,0 +1,43 @@
+"""Table 3 of the KERPLE paper from evaluate.py results: mean ± std over seeds, † marks.
+
+    python tools/compare_runs.py results/*.json --reference kerple_log --format markdown
+
+Runs are grouped by dataset, train length and protocol, then by embedding (a run evaluated with
+--attention-window W is its own column, "<pos_emb>-windowed@W"). Each candidate is compared with the
+reference by a paired two-sided t-test over seeds at every length (α = 0.05); † marks a candidate
+the reference beats significantly. Writes comparison.<md|tex|csv> and ppl_vs_length_<group>.png
+next to the results (or into --output-dir) and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kerple.evaluation.compare import compare
+from kerple.evaluation.stats import ALPHA
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", nargs="+", help="results JSON files written by evaluate.py")
+    parser.add_argument("--reference", default="kerple_log", help="embedding the others are tested against")
+    parser.add_argument("--format", choices=("markdown", "latex", "csv"), default="markdown")
+    parser.add_argument("--alpha", type=float, default=ALPHA, help="significance level of the t-test")
+    parser.add_argument("--output-dir", help="where to write the table and plots (default: beside the results)")
+    args = parser.parse_args(argv)
+    try:
+        text, written = compare(
+            args.results, reference=args.reference, fmt=args.format, out_dir=args.output_dir, alpha=args.alpha
+        )
+    except ValueError as error:
+        print(f"compare_runs.py: error: {error}", file=sys.stderr)
+        return 2
+    print(text)
+    for path in written:
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
