@@ -5,6 +5,8 @@
 DeepSpeed's ``mpu`` interface); :func:`~kerple.parallel.groups.teardown` ends it.
 :func:`~kerple.parallel.tensor_parallel.parallelize` turns a built model into this rank's
 tensor-parallel part (megatron-core layers) and
-:func:`~kerple.parallel.tensor_parallel.vocab_parallel_loss` is its loss. Pipeline parallelism is
-not implemented yet (the trainer refuses ``pipe_parallel_size > 1``).
+:func:`~kerple.parallel.tensor_parallel.vocab_parallel_loss` is its loss.
+:func:`~kerple.parallel.pipeline.build_pipeline` turns a built model into this rank's stages of a
+DeepSpeed ``PipelineModule`` (reference pipeline indices, the shared positional parameters tied
+across stages); import it after ``init_distributed``.
 """

@@ -1,7 +1,9 @@
-"""Process groups for data and tensor (model) parallelism, held in one explicit object.
+"""Process groups for data, tensor (model) and pipeline parallelism, held in one explicit object.
 
-Rank layout follows Megatron / GPT-NeoX: tensor-parallel groups are blocks of consecutive ranks
-(``[0, mp)``, ``[mp, 2mp)``, ...), data-parallel groups take every ``mp``-th rank. The
+Rank layout follows Megatron / GPT-NeoX and DeepSpeed's ``PipeModelDataParallelTopology``:
+``rank = (stage * dp + data_rank) * mp + model_rank``. Tensor-parallel groups are blocks of
+consecutive ranks (``[0, mp)``, ``[mp, 2mp)``, ...), data-parallel groups take every ``mp``-th rank
+within one pipeline stage, and a pipeline stage is a block of ``dp * mp`` consecutive ranks. The
 :class:`ParallelState` is created once by :func:`init_distributed`, passed to whatever needs a group
 (DeepSpeed receives it as its ``mpu``), and torn down by :func:`teardown` - nothing is kept in
 module-level globals.
@@ -64,6 +66,7 @@ class ParallelState:
     pipe_parallel_size: int = 1
     data_parallel_group: Any = None
     model_parallel_group: Any = None
+    pipe_parallel_group: Any = None
     megatron_initialized: bool = False
     _tp_groups_built: bool = field(default=False, repr=False)
 
@@ -78,6 +81,11 @@ class ParallelState:
     @property
     def data_parallel_rank(self) -> int:
         return (self.rank // self.model_parallel_size) % self.data_parallel_size
+
+    @property
+    def pipe_parallel_rank(self) -> int:
+        """This rank's pipeline stage."""
+        return self.rank // (self.model_parallel_size * self.data_parallel_size)
 
     @property
     def is_main(self) -> bool:
@@ -167,7 +175,7 @@ def init_distributed(model_parallel_size: int = 1, pipe_parallel_size: int = 1) 
     )
     if pipe_parallel_size == 1 and model_parallel_size > 1:
         _use_megatron_groups(state)
-    elif pipe_parallel_size == 1:
+    else:
         _build_groups(state)
     return state
 
@@ -204,19 +212,35 @@ def _skip_shared_memory_allreduce_build(deepspeed: Any) -> None:
 
 
 def _build_groups(state: ParallelState) -> None:
-    """Create the tensor- and data-parallel groups (every rank creates every group, in order)."""
-    mp = state.model_parallel_size
-    dp = state.world_size // mp
-    for block in range(dp):
-        ranks = list(range(block * mp, (block + 1) * mp))
-        group = dist.new_group(ranks)
-        if state.rank in ranks:
-            state.model_parallel_group = group
-    for offset in range(mp):
-        ranks = list(range(offset, state.world_size, mp))
-        group = dist.new_group(ranks)
-        if state.rank in ranks:
-            state.data_parallel_group = group
+    """Create the tensor-, data- and pipeline-parallel groups (every rank creates every group, in order).
+
+    DeepSpeed's pipeline engine builds its own copies of the data and pipeline groups from the
+    same layout; these are the ones the trainer uses (loss averaging, checkpoint records).
+    """
+    mp, pp = state.model_parallel_size, state.pipe_parallel_size
+    dp = state.data_parallel_size
+
+    def rank_of(stage: int, data: int, model: int) -> int:
+        return (stage * dp + data) * mp + model
+
+    for stage in range(pp):
+        for data in range(dp):
+            ranks = [rank_of(stage, data, model) for model in range(mp)]
+            group = dist.new_group(ranks)
+            if state.rank in ranks:
+                state.model_parallel_group = group
+    for stage in range(pp):
+        for model in range(mp):
+            ranks = [rank_of(stage, data, model) for data in range(dp)]
+            group = dist.new_group(ranks)
+            if state.rank in ranks:
+                state.data_parallel_group = group
+    for data in range(dp if pp > 1 else 0):
+        for model in range(mp):
+            ranks = [rank_of(stage, data, model) for stage in range(pp)]
+            group = dist.new_group(ranks)
+            if state.rank in ranks:
+                state.pipe_parallel_group = group
     state._tp_groups_built = True
 
 

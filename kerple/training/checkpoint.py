@@ -8,6 +8,14 @@ Layout under the ``save`` directory::
     global_step<N>/zero_pp_rank_<D>_mp_rank_<MM>_optim_states.pt   only for sharded optimizers
     global_step<N>/configs/<name>.yml               the resolved config of the run
 
+Pipeline parallelism (``pipe_parallel_size: P``): each stage writes the layer files of the indices
+it holds (together they are the same set as with ``P = 1``), so the weights load into a
+non-pipeline model unchanged. Stage 0 writes ``mp_rank_<MM>_model_states.pt`` (the record
+:mod:`kerple.checkpoint` reads the iteration and ``args`` from); stage ``S > 0`` writes its own
+record, optimizer and RNG state under ``pipe_<SS>-mp_rank_<MM>_model_states.pt`` (and sharded
+optimizers under ``zero_pp_rank_<D>_mp_rank_<MM>_pipe_<SS>_optim_states.pt``), names the
+reference reader does not match.
+
 Layer files hold exactly the model's ``sequential.<II>.`` keys with that prefix removed, so indices
 1 and L+2 (parameter-free stages) have no file, as in the released KERPLE checkpoints.
 
@@ -71,12 +79,15 @@ def layer_file_name(index: int, mp_rank: int = 0) -> str:
     return f"layer_{index:02d}-model_{mp_rank:02d}-model_states.pt"
 
 
-def mp_rank_file_name(mp_rank: int = 0) -> str:
-    return f"mp_rank_{mp_rank:02d}_model_states.pt"
+def mp_rank_file_name(mp_rank: int = 0, pipe_rank: int = 0) -> str:
+    """The record of model-parallel rank ``mp_rank`` (of pipeline stage ``pipe_rank``)."""
+    prefix = f"pipe_{pipe_rank:02d}-" if pipe_rank else ""
+    return f"{prefix}mp_rank_{mp_rank:02d}_model_states.pt"
 
 
-def optimizer_shard_file_name(dp_rank: int, mp_rank: int = 0) -> str:
-    return f"zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
+def optimizer_shard_file_name(dp_rank: int, mp_rank: int = 0, pipe_rank: int = 0) -> str:
+    suffix = f"_pipe_{pipe_rank:02d}" if pipe_rank else ""
+    return f"zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}{suffix}_optim_states.pt"
 
 
 # --- state-dict <-> layer files ------------------------------------------------------------------
@@ -182,6 +193,7 @@ def save_checkpoint(
     final_dir = root / tag
     mp_rank = parallel.model_parallel_rank
     dp_rank = parallel.data_parallel_rank
+    pipe_rank = getattr(parallel, "pipe_parallel_rank", 0)
     sharded = is_sharded_optimizer(optimizer)
 
     if parallel.is_main:
@@ -203,12 +215,13 @@ def save_checkpoint(
                 optimizer_sharded=sharded,
                 mp_world_size=parallel.model_parallel_size,
                 dp_world_size=parallel.data_parallel_size,
+                pipe_world_size=getattr(parallel, "pipe_parallel_size", 1),
                 kerple_checkpoint_format=FORMAT_VERSION,
             )
-            _atomic_save(state, tmp_dir / mp_rank_file_name(mp_rank))
+            _atomic_save(state, tmp_dir / mp_rank_file_name(mp_rank, pipe_rank))
         if sharded:
             shard = {"optimizer_state_dict": optimizer.state_dict(), "ds_version": deepspeed_version()}
-            _atomic_save(shard, tmp_dir / optimizer_shard_file_name(dp_rank, mp_rank))
+            _atomic_save(shard, tmp_dir / optimizer_shard_file_name(dp_rank, mp_rank, pipe_rank))
         if parallel.is_main and write_configs is not None:
             (tmp_dir / "configs").mkdir(exist_ok=True)
             write_configs(tmp_dir / "configs")

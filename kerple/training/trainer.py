@@ -7,6 +7,11 @@ teardown; ``train.py`` is a thin caller of that.
 Order of set-up matters for exactness: weights are loaded *before* ``deepspeed.initialize`` so that
 the fp32 master copies DeepSpeed makes (bf16, ZeRO) start from the checkpoint; optimizer,
 scheduler, RNG and data position are restored after it.
+
+With ``pipe_parallel_size > 1`` the loaded whole model becomes this rank's stages
+(:func:`kerple.parallel.pipeline.build_pipeline`) before the optimizer is built, DeepSpeed returns
+its pipeline engine, and a step is ``engine.train_batch`` over ``gradient_accumulation_steps``
+micro-batches. Checkpoints keep the reference layout (each stage writes its own layer files).
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ class LoadedRun:
 
     ``meta``: the ``mp_rank_MM_model_states.pt`` record of this rank (this project's format), or
     only ``{"iteration": N}`` for a reference checkpoint. ``optimizer_resumable``: this project's
-    format saved with this run's model-parallel size (optimizer shards fit this rank).
+    format saved with this run's model- and pipeline-parallel sizes (optimizer shards fit this rank).
     """
 
     directory: Path
@@ -100,6 +105,9 @@ class Trainer:
         self.train_feed, self.valid_feed = self._build_data()
         self.model = self._build_model()
         resumed = self._load_weights()
+        self.parameters_total = parameter_count(self.model)
+        if self.pipelined:
+            self.model = self._build_pipeline(self.model)
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         decay_iters = cfg.lr_schedule.lr_decay_iters or max(self.train_iters, 1)
         self.scheduler = AnnealingLR(
@@ -124,7 +132,7 @@ class Trainer:
         self.monitor.print(
             startup_summary(
                 cfg,
-                parameters=parameter_count(self.model),
+                parameters=self.parameters_total,
                 parallel=parallel,
                 start_iteration=self.iteration,
                 resumed_from=str(resumed.directory) if resumed is not None else None,
@@ -132,6 +140,10 @@ class Trainer:
         )
 
     # --- set-up -------------------------------------------------------------------------------
+    @property
+    def pipelined(self) -> bool:
+        return max(int(self.cfg.parallelism.pipe_parallel_size), 1) > 1
+
     def _check_supported(self) -> None:
         cfg, device = self.cfg, self.parallel.device
         if self.precision == "fp16" and device.type == "cpu":
@@ -144,11 +156,27 @@ class Trainer:
                 "zero_optimization.stage 3 is not supported by this trainer's checkpoint writer "
                 "(parameters would have to be gathered); use stage 0, 1 or 2."
             )
-        if max(int(cfg.parallelism.pipe_parallel_size), 1) > 1:
-            raise TrainingError(
-                "pipeline parallelism (pipe_parallel_size > 1) is not implemented yet; set pipe_parallel_size: 1 "
-                "(data parallelism with ZeRO 0-2 and tensor parallelism, model_parallel_size: N, are supported)."
-            )
+        if self.pipelined:
+            pipe = int(cfg.parallelism.pipe_parallel_size)
+            if int(cfg.parallelism.model_parallel_size) > 1:
+                raise TrainingError(
+                    "tensor and pipeline parallelism together (model_parallel_size > 1 with pipe_parallel_size > 1) "
+                    "are not supported; use one of them."
+                )
+            if int(cfg.parallelism.zero_stage) > 1:
+                raise TrainingError(
+                    "DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only; set zero_optimization.stage: 0 or 1."
+                )
+            if not cfg.model.no_weight_tying:
+                raise TrainingError(
+                    "pipeline parallelism needs an untied LM head (no_weight_tying: true): the tied head would "
+                    "share the word embeddings across the first and last stage."
+                )
+            if int(cfg.model.num_layers) < pipe:
+                raise TrainingError(
+                    f"num_layers ({cfg.model.num_layers}) is smaller than pipe_parallel_size ({pipe}); every "
+                    "pipeline stage needs at least one transformer layer."
+                )
         if int(cfg.parallelism.model_parallel_size) > 1 and int(cfg.parallelism.zero_stage) > 0:
             raise TrainingError(
                 "tensor parallelism (model_parallel_size > 1) is supported with ZeRO stage 0 only (the paper's "
@@ -229,7 +257,11 @@ class Trainer:
         meta = ckpt.safe_load(directory / ckpt.mp_rank_file_name(0), trust=trust)
         meta = meta if isinstance(meta, dict) else {}
         own_format = "kerple_checkpoint_format" in meta
-        same_split = own_format and int(meta.get("mp_world_size", 1)) == parallel.model_parallel_size
+        same_split = (
+            own_format
+            and int(meta.get("mp_world_size", 1)) == parallel.model_parallel_size
+            and int(meta.get("pipe_world_size", 1)) == parallel.pipe_parallel_size
+        )
         if own_format:
             check_architecture(meta.get("args"), architecture_args(self.cfg), directory, ignore=("model_parallel_size",))
         iteration = load_checkpoint_weights(
@@ -240,17 +272,33 @@ class Trainer:
             model_parallel_size=parallel.model_parallel_size,
             model_parallel_rank=parallel.model_parallel_rank,
         )
-        if same_split and parallel.model_parallel_rank != 0:
-            meta = ckpt.safe_load(directory / ckpt.mp_rank_file_name(parallel.model_parallel_rank), trust=trust)
+        if same_split and (parallel.model_parallel_rank != 0 or parallel.pipe_parallel_rank != 0):
+            record = ckpt.mp_rank_file_name(parallel.model_parallel_rank, parallel.pipe_parallel_rank)
+            meta = ckpt.safe_load(directory / record, trust=trust)
         if not own_format:
             meta = {"iteration": iteration}
         return LoadedRun(directory, meta, own_format=own_format, optimizer_resumable=same_split)
+
+    def _build_pipeline(self, model: torch.nn.Module) -> torch.nn.Module:
+        """This rank's pipeline stages of the whole (loaded) ``model`` (:mod:`kerple.parallel.pipeline`)."""
+        from kerple.parallel.pipeline import build_pipeline
+
+        return build_pipeline(model, self.parallel.pipe_parallel_size, loss_module.cross_entropy)
 
     def _initialize_engine(self) -> Any:
         import deepspeed
 
         ds_config = deepspeed_config(self.cfg, data_parallel_size=self.parallel.data_parallel_size)
         self.model.to(self.parallel.device)
+        if self.pipelined:  # DeepSpeed returns its PipelineEngine and takes the groups from the module
+            engine, _, _, _ = deepspeed.initialize(
+                model=self.model,
+                optimizer=self.optimizer,
+                lr_scheduler=self.scheduler,
+                config=ds_config,
+                dist_init_required=False,
+            )
+            return engine
         loss_fn = loss_module.cross_entropy
         if self.parallel.model_parallel_size > 1:
             from kerple.parallel.tensor_parallel import vocab_parallel_loss
@@ -277,8 +325,9 @@ class Trainer:
         optimizer = self.engine.optimizer
         if not ck.no_load_optim and loaded.optimizer_resumable:
             if meta.get("optimizer_sharded"):
+                mp_rank, pipe_rank = self.parallel.model_parallel_rank, self.parallel.pipe_parallel_rank
                 files = [
-                    directory / ckpt.optimizer_shard_file_name(dp, self.parallel.model_parallel_rank)
+                    directory / ckpt.optimizer_shard_file_name(dp, mp_rank, pipe_rank)
                     for dp in range(self.parallel.data_parallel_size)
                 ]
                 saved_dp = int(meta.get("dp_world_size", len(files)))
@@ -292,7 +341,9 @@ class Trainer:
             elif meta.get("optimizer") is not None:
                 optimizer.load_state_dict(meta["optimizer"])
         elif not loaded.optimizer_resumable and self.parallel.is_main:
-            kind = "a model-parallel size other than this run's" if loaded.own_format else "the reference format"
+            kind = "the reference format"
+            if loaded.own_format:
+                kind = "a model- or pipeline-parallel size other than this run's"
             print(f"note: {directory} is in {kind}; weights and iteration loaded, optimizer state starts fresh", flush=True)
         if meta.get("lr_scheduler") is not None and not ck.no_load_optim:
             self.scheduler.load_state_dict(meta["lr_scheduler"])
@@ -313,15 +364,21 @@ class Trainer:
         """
         assert self.train_feed is not None
         self.engine.train()
-        losses = []
         skipped_before = self.engine.skipped_steps
-        for micro_step in range(self.accumulation):
-            tokens, labels = self.train_feed.micro_batch(self.consumed_train_samples, micro_step)
-            loss = self.engine(tokens, labels)
-            self.engine.backward(loss)
-            self.engine.step()
-            losses.append(loss.detach().float().item())
-        mean_loss = self.parallel.mean_over_data_parallel(sum(losses) / len(losses))
+        if self.pipelined:
+            # the first and the last stage each read the micro-batches (tokens, labels); the loss
+            # comes back averaged over micro-batches and data-parallel ranks, on every stage
+            batches = (self.train_feed.micro_batch(self.consumed_train_samples, m) for m in range(self.accumulation))
+            mean_loss = float(self.engine.train_batch(batches).item())
+        else:
+            losses = []
+            for micro_step in range(self.accumulation):
+                tokens, labels = self.train_feed.micro_batch(self.consumed_train_samples, micro_step)
+                loss = self.engine(tokens, labels)
+                self.engine.backward(loss)
+                self.engine.step()
+                losses.append(loss.detach().float().item())
+            mean_loss = self.parallel.mean_over_data_parallel(sum(losses) / len(losses))
         self.iteration += 1
         self.consumed_train_samples += self.train_feed.global_batch
         self.skipped_steps += self.engine.skipped_steps - skipped_before
@@ -346,12 +403,23 @@ class Trainer:
         self.engine.eval()
         losses = []
         global_batch = self.valid_feed.global_batch
+        if self.pipelined:
+            self.engine.reset_activation_shape()  # seq_length_val may differ from seq_length
         for batch in range(eval_iters):
-            for micro_step in range(self.accumulation):
-                tokens, labels = self.valid_feed.micro_batch(batch * global_batch, micro_step)
-                losses.append(self.engine.module(tokens, labels).float().item())
+            losses.extend(self._validation_losses(batch * global_batch))
+        if self.pipelined:
+            self.engine.reset_activation_shape()
         self.engine.train()
         return self.parallel.mean_over_data_parallel(sum(losses) / len(losses))
+
+    def _validation_losses(self, consumed: int) -> list[float]:
+        """Losses of the validation batch starting at sample ``consumed``: one per micro-batch, or
+        their mean from the pipeline engine (every stage receives it)."""
+        assert self.valid_feed is not None
+        micro_batches = [self.valid_feed.micro_batch(consumed, m) for m in range(self.accumulation)]
+        if self.pipelined:
+            return [float(self.engine.eval_batch(iter(micro_batches), num_micro_batches=self.accumulation).item())]
+        return [self.engine.module(tokens, labels).float().item() for tokens, labels in micro_batches]
 
     # --- checkpoints --------------------------------------------------------------------------
     def save(self) -> Path | None:
