@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-PAPER_EMBEDDINGS = ["rotary", "rpe", "alibi", "kerple_power", "kerple_log"]  # KERPLE paper, Tables 3-5
+PAPER_EMBEDDINGS = ["sinusoidal", "rotary", "rpe", "alibi", "kerple_power", "kerple_log"]  # KERPLE paper, Table 3
 PAPER_DATASETS = ["openwebtext2", "github", "arxiv"]
 PAPER_SEEDS = [1235, 1236, 1237, 1238, 1239]
 PAPER_LENGTHS = [512, 1024]

@@ -30,6 +30,7 @@ from kerple.evaluation.runner import (
     LOGIT_CHUNK_BYTES,
     EvaluationError,
     available_bytes,
+    cache_window_loss_fn,
     dataset_name,
     estimate_forward_bytes,
     evaluate_plan,
@@ -57,7 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--num-windows", type=int, help="a fixed number of windows at every length")
     parser.add_argument("--stride", type=int, help="stride S of the sliding protocol")
     parser.add_argument("--attention-window", type=int, help="restrict attention to the last W keys (thesis §4.3.3)")
-    parser.add_argument("--attention-impl", choices=("eager", "sdpa", "flex"))
+    parser.add_argument("--attention-impl", choices=("eager", "sdpa", "flex", "auto"),
+                        help="auto picks per length and device (kerple.model.choose_implementation)")
+    parser.add_argument("--cache-window", type=int,
+                        help="decode through a KV cache holding only the last W keys/values (thesis §4.9.2)")
+    parser.add_argument("--trust-checkpoint", action="store_true",
+                        help="allow arbitrary pickled objects in the checkpoint (only for files you trust)")
     parser.add_argument("--per-position", action="store_true", help="also record the mean loss at each position")
     parser.add_argument("--tokens-per-batch", type=int, default=16384, help="windows per forward = this // length")
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
@@ -103,8 +109,11 @@ def _autocast(cfg: Any, device: torch.device) -> contextlib.AbstractContextManag
     return contextlib.nullcontext()
 
 
-def load_trained_model(cfg: Any, load: str | None = None, iteration: int | None = None) -> tuple[torch.nn.Module, str, int]:
-    """Build ``cfg``'s model and load a checkpoint of this project into it (on CPU, eval mode).
+def load_trained_model(
+    cfg: Any, load: str | None = None, iteration: int | None = None, *, trust: bool = False
+) -> tuple[torch.nn.Module, str, int]:
+    """Build ``cfg``'s model and load a checkpoint into it (on CPU, eval mode): this project's or
+    a GPT-NeoX/KERPLE reference checkpoint (any model-parallel size, pipeline or sequential layout).
 
     ``load`` defaults to the config's ``load``, then ``save``. Returns (model, folder, iteration).
     """
@@ -115,7 +124,7 @@ def load_trained_model(cfg: Any, load: str | None = None, iteration: int | None 
     if not load_dir:
         raise EvaluationError("no checkpoint: pass --load DIR (or set load/save in the config)")
     model = build_model(cfg)
-    loaded = load_model_weights(model, load_dir, iteration)
+    loaded = load_model_weights(model, load_dir, iteration, cfg=cfg, trust=trust)
     return model.eval(), str(load_dir), loaded
 
 
@@ -141,7 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg.check_eval_length(longest_input)
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model, load_dir, iteration = load_trained_model(cfg, args.load, args.iteration)
+    model, load_dir, iteration = load_trained_model(cfg, args.load, args.iteration, trust=args.trust_checkpoint)
     model.to(device).eval()
 
     stream = load_split_stream(cfg, args.split)
@@ -153,10 +162,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         num_tokens=args.num_tokens,
         num_windows=args.num_windows,
     )
-    impl = cfg.attention.attention_impl
     free = available_bytes(device)
-    batch_sizes = []
+    batch_sizes, impls = [], []
     for plan in plans:  # refuse before spending time on the shorter lengths
+        # `auto` resolves per length and device, exactly as the model will at forward time.
+        impl = model.resolve_attention_impl(device.type, False, plan.input_length)
+        impls.append(impl)
 
         def estimate(batch: int, n: int = plan.input_length) -> int:
             return estimate_forward_bytes(
@@ -172,7 +183,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         wanted = max(1, min(plan.num_windows, args.tokens_per_batch // plan.input_length))
         batch_sizes.append(fit_batch_size(wanted, estimate, free, length=plan.length, attention_impl=impl))
 
-    loss_fn = model_loss_fn(model)
+    loss_fn = model_loss_fn(model) if not args.cache_window else cache_window_loss_fn(model, args.cache_window)
     results: list[LengthResult] = []
     with _autocast(cfg, device):
         for plan, batch in zip(plans, batch_sizes):
@@ -207,7 +218,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "stride": args.stride,
             "num_tokens": args.num_tokens,
             "num_windows": args.num_windows,
-            "attention_impl": impl,
+            "attention_impl": cfg.attention.attention_impl,
+            "attention_impl_per_length": dict(zip((p.length for p in plans), impls)),
+            "cache_window": args.cache_window,
             "attention_window": cfg.attention.attention_window,
             "stream_tokens": int(len(stream)),
         },

@@ -183,6 +183,17 @@ def model_loss_fn(model: nn.Module, logit_chunk_bytes: int = LOGIT_CHUNK_BYTES) 
     return loss
 
 
+def cache_window_loss_fn(model: nn.Module, cache_window: int) -> LossFn:
+    """Per-token losses when the model decodes each window through a KV cache that keeps only the
+    last ``cache_window`` keys/values (thesis §4.9.2: O(W·L) attention instead of O(L²))."""
+    from kerple.inference import windowed_cache_losses
+
+    def loss(tokens: torch.Tensor, labels: torch.Tensor, first: int) -> torch.Tensor:
+        return windowed_cache_losses(model, tokens, cache_window, labels)[:, first:]
+
+    return loss
+
+
 def _windows(stream: torch.Tensor, plan: WindowPlan, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """Input and label tokens ``[b, n]`` of the windows ``index`` of ``plan``."""
     offsets = torch.arange(plan.input_length + 1)

@@ -108,6 +108,9 @@ def train_main(argv: list[str]) -> int:
     return 0
 
 
+EVALUATION_SCRIPTS = frozenset({"evaluate.py", "generate.py"})
+
+
 def deepy_main(argv: list[str]) -> int:
     """``deepy.py``: validate once, write the resolved config, launch every rank on it."""
     parser = argparse.ArgumentParser(prog="deepy.py", description="Launch train.py on every rank with one resolved config.")
@@ -118,9 +121,14 @@ def deepy_main(argv: list[str]) -> int:
     parser.add_argument("--master_port", "--master-port", type=int, default=None)
     parser.add_argument("--trust-checkpoint", action="store_true", help="passed to every rank's train.py")
     known, rest = parser.parse_known_args(argv)
+    # Everything from the first unknown --flag on belongs to the script (e.g. evaluate.py's --load).
+    first_flag = next((i for i, word in enumerate(rest) if word.startswith("-")), len(rest))
+    rest, known.script_args = rest[:first_flag], rest[first_flag:]
     paths, overrides = _split(rest)
     if not paths:
         parser.error("give at least one YAML config file after the script")
+    if Path(known.script).name in EVALUATION_SCRIPTS:  # validated as the script will run: nothing trained
+        overrides = list(overrides) + ["train_iters=0"]
     from kerple.config import ConfigError, cli_load
 
     cfg = cli_load(paths, overrides)
@@ -145,6 +153,7 @@ def launch_command(known: argparse.Namespace, world: int, resolved: Path, cfg: A
     import torch
 
     script = [known.script, str(resolved)] + (["--trust-checkpoint"] if getattr(known, "trust_checkpoint", False) else [])
+    script += list(getattr(known, "script_args", []))
     port = str(known.master_port or 29500)
     if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") != "cpu":
         command = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", port]

@@ -42,8 +42,11 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str,
     return [group for group in groups if group["params"]]
 
 
-def build_optimizer(model: nn.Module, optimizer_cfg: Any) -> torch.optim.Optimizer:
-    """Build the optimizer described by ``cfg.optimizer`` (fields ``type, lr, betas, eps, weight_decay``)."""
+def build_optimizer(model: nn.Module, optimizer_cfg: Any, *, fused: bool = False) -> torch.optim.Optimizer:
+    """Build the optimizer described by ``cfg.optimizer`` (fields ``type, lr, betas, eps, weight_decay``).
+
+    ``fused=True`` selects torch's fused AdamW kernel (CUDA only; the trainer asks for it on GPUs).
+    """
     kind = str(getattr(optimizer_cfg, "type", "adam") or "adam").lower()
     if kind not in OPTIMIZER_TYPES:
         raise ValueError(
@@ -60,4 +63,5 @@ def build_optimizer(model: nn.Module, optimizer_cfg: Any) -> torch.optim.Optimiz
         betas=(float(betas[0]), float(betas[1])),
         eps=DEFAULT_EPS if eps is None else float(eps),
         weight_decay=weight_decay,
+        fused=fused,
     )

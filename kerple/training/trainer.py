@@ -35,6 +35,7 @@ from kerple.training.ds_config import deepspeed_config
 from kerple.training import loss as loss_module
 from kerple.training.loss import LanguageModelLoss
 from kerple.training.monitor import Monitor, progress_line
+from kerple.model import maybe_compile
 from kerple.training.optimizer import build_optimizer
 from kerple.training.run_state import architecture_args, capture_rng, check_architecture, restore_rng
 from kerple.training.schedule import AnnealingLR
@@ -108,7 +109,9 @@ class Trainer:
         self.parameters_total = parameter_count(self.model)
         if self.pipelined:
             self.model = self._build_pipeline(self.model)
-        self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        else:
+            maybe_compile(self.model, cfg)  # per-layer torch.compile when `compile: true`
+        self.optimizer = build_optimizer(self.model, cfg.optimizer, fused=self.parallel.device.type == "cuda")
         decay_iters = cfg.lr_schedule.lr_decay_iters or max(self.train_iters, 1)
         self.scheduler = AnnealingLR(
             self.optimizer,

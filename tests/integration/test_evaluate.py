@@ -91,6 +91,27 @@ def test_windowed_attention_changes_only_long_lengths(trained: tuple[Path, list[
     assert windowed["results"][2]["loss"] != pytest.approx(plain["results"][2]["loss"], rel=1e-6)
 
 
+def test_cache_window_matches_attention_window(trained: tuple[Path, list[str]], tmp_path: Path) -> None:
+    """A W-entry KV cache equals full attention when W covers the window and equals the
+    attention_window=W mask otherwise (thesis §4.9.2)."""
+    plain = evaluate(trained, tmp_path / "p.json", "--eval-lengths", "32,64")
+    masked = evaluate(trained, tmp_path / "m.json", "--eval-lengths", "32,64", "--attention-window", "32")
+    cached = evaluate(trained, tmp_path / "c.json", "--eval-lengths", "32,64", "--cache-window", "32")
+    assert cached["protocol"]["cache_window"] == 32
+    assert cached["results"][0]["loss"] == pytest.approx(plain["results"][0]["loss"], rel=1e-5)
+    assert cached["results"][1]["loss"] == pytest.approx(masked["results"][1]["loss"], rel=1e-5)
+    assert cached["results"][1]["loss"] != pytest.approx(plain["results"][1]["loss"], rel=1e-5)
+
+
+def test_auto_implementation_is_resolved_per_length(trained: tuple[Path, list[str]], tmp_path: Path) -> None:
+    plain = evaluate(trained, tmp_path / "p.json", "--eval-lengths", "32,64")
+    auto = evaluate(trained, tmp_path / "a.json", "--eval-lengths", "32,64", "--attention-impl", "auto")
+    # Short CPU evaluations of a bias kernel pick sdpa (flex only from 2048 tokens on CPU).
+    assert auto["protocol"]["attention_impl_per_length"] == {"32": "sdpa", "64": "sdpa"}
+    for a, b in zip(auto["results"], plain["results"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+
+
 def test_refusals_exit_2_with_a_reason(
     trained: tuple[Path, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
