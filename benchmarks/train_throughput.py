@@ -1,32 +1,107 @@
-"""Training throughput of every positional embedding on the current device, in one run.
+"""Training throughput of every positional embedding on the current device, in one run (issues 4, 7).
 
-    python benchmarks/train_throughput.py                    # tiny config on CPU, 162M on a GPU
+    python benchmarks/train_throughput.py                    # tiny config on CPU, 162M on CUDA
     python benchmarks/train_throughput.py --pe none kerple_log alibi --steps 10
-    python benchmarks/train_throughput.py --model configs/models/162M.yml --extra configs/setups/local_gpu.yml
+    python benchmarks/train_throughput.py --model configs/models/162M.yml --extra configs/setups/local_gpu.yml \\
+        --attention-impl flex --no-compile micro_batch_size=16
 
-Each embedding trains ``--warmup`` untimed steps then ``--steps`` timed ones on a synthetic corpus
-(uniform random tokens: speed does not depend on the text). Prints tokens/s, ms/step and the
-ratio of tokens/s to ``none``.
+What is timed: for each embedding a real :class:`kerple.training.trainer.Trainer` is built from the
+config (``pos_emb`` swapped) on a synthetic corpus of uniform random tokens (speed does not depend
+on the text), ``--warmup`` untimed steps are run, then each of ``--steps`` calls of
+``Trainer.train_step`` is timed between device synchronizations; the median is reported. A timed
+step therefore includes everything a training step does: reading the global batch from the
+memory-mapped dataset, forward and loss, backward, the DeepSpeed engine's optimizer step (gradient
+clipping, bf16/fp16 handling and loss scaling, the fused AdamW on CUDA, ZeRO if configured) and the
+LR-scheduler step. It excludes logging, validation, checkpointing, engine construction and the
+warm-up steps (where ``torch.compile`` and the allocator settle).
+
+Defaults: CPU — ``configs/models/tiny.yml`` + ``configs/setups/cpu.yml``, the config's attention
+implementation, no compile; CUDA — ``configs/models/162M.yml`` (32 x 512 tokens, bf16) +
+``configs/setups/local_gpu.yml`` with ``attention_impl: auto`` and ``compile: true`` (the fastest
+path the trainer offers); ``--attention-impl`` and ``--compile/--no-compile`` override either.
+
+Reported per embedding: step time, tokens/s (global batch x seq_length per step), peak memory
+(CUDA: ``torch.cuda.max_memory_allocated`` over the timed steps; CPU: the process's peak resident
+set so far, which never decreases, so later rows are upper bounds), MFU, and tokens/s relative to
+``none``.
+
+MFU = tokens/s x FLOPs-per-token / peak FLOP/s, with
+
+    FLOPs per token = 6*N + 12*L*h*s
+
+(PaLM, Appendix B): N = parameters that do matmuls (all but the word and learned-position embedding
+tables; the LM head counted whether tied or not), L layers, h hidden size, s sequence length; the
+attention term counts the full s x s score and value products, as is customary, although causal
+kernels skip about half. Positional-embedding work is not counted: it is exactly what this
+benchmark charges to each embedding. The peak is measured, not quoted: the best of several large
+square matmuls in the run's compute dtype (bf16/fp16 when the config trains in it on CUDA, fp32
+otherwise) on the same device (``--peak-size``).
+
+``tools/benchmark_speed.py`` prints the same measurement in the layout of KERPLE paper Table 4.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
+import resource
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import torch  # noqa: E402
+
+
+@dataclass
+class Result:
+    """Timing of one embedding; ``error`` is set when it could not run."""
+
+    pos_emb: str
+    impl: str = ""
+    step_seconds: float = 0.0
+    tokens_per_second: float = 0.0
+    peak_bytes: int = 0
+    mfu: float = 0.0
+    error: str = ""
+
+
+@dataclass
+class Measurement:
+    """Everything one run measured, plus what is needed to describe it."""
+
+    device: str
+    dtype: str
+    peak_flops: float
+    peak_size: int
+    tokens_per_step: int
+    seq_length: int
+    layers: int
+    hidden: int
+    compile: bool
+    steps: int
+    warmup: int
+    results: list[Result] = field(default_factory=list)
+
+    def ratio_to_none(self, result: Result) -> float | None:
+        """tokens/s of ``result`` divided by that of ``none`` (None when ``none`` did not run)."""
+        base = next((r.tokens_per_second for r in self.results if r.pos_emb == "none" and not r.error), None)
+        return result.tokens_per_second / base if base and not result.error else None
+
 
 def write_random_corpus(prefix: Path, vocab: int, tokens: int, seed: int = 0) -> None:
+    """An indexed dataset of uniform random token documents (2048 tokens each) at ``prefix``."""
     from kerple.data.indexed_dataset import IndexedDatasetWriter
 
     rng = np.random.RandomState(seed)
@@ -37,66 +112,214 @@ def write_random_corpus(prefix: Path, vocab: int, tokens: int, seed: int = 0) ->
         writer.finalize()
 
 
-def main(argv: list[str] | None = None) -> int:
-    import torch
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
-    from kerple import positional
+
+def measure_peak_flops(device: torch.device, dtype: torch.dtype, size: int, repeats: int = 5) -> float:
+    """Best FLOP/s of ``size`` x ``size`` matmuls in ``dtype`` on ``device`` (2*size^3 FLOPs each)."""
+    left = torch.randn(size, size, device=device, dtype=dtype)
+    right = torch.randn(size, size, device=device, dtype=dtype)
+    left @ right  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(device)
+        started = time.perf_counter()
+        for _ in range(4):
+            left @ right
+        synchronize(device)
+        best = min(best, (time.perf_counter() - started) / 4)
+    return 2 * size**3 / best
+
+
+def flops_per_token(model: torch.nn.Module, num_layers: int, hidden: int, seq_length: int) -> float:
+    """``6*N + 12*L*h*s`` with N = matmul parameters (see the module docstring)."""
+    tables = {id(module.weight) for module in model.modules() if isinstance(module, torch.nn.Embedding)}
+    matmul_params = sum(p.numel() for p in model.parameters() if id(p) not in tables)
+    head = getattr(model, "lm_head_weight", None)
+    if head is not None and id(head) in tables:  # tied: the word table is also the LM head's matmul
+        matmul_params += head.numel()
+    return 6 * matmul_params + 12 * num_layers * hidden * seq_length
+
+
+def peak_bytes(device: torch.device) -> int:
+    """CUDA: peak allocated since the last reset; CPU: peak resident set of the process."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+
+
+def release(device: torch.device) -> None:
+    """Drop compiled graphs and cached memory between embeddings."""
+    torch._dynamo.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _compute_dtype(cfg: Any, device: torch.device) -> torch.dtype:
+    precision = str(getattr(cfg.precision, "precision", "fp32"))
+    if device.type == "cuda" and precision in ("bf16", "fp16"):
+        return torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.float32
+
+
+def _time_one(trainer: Any, device: torch.device, steps: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        trainer.train_step()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(steps):
+        synchronize(device)
+        started = time.perf_counter()
+        trainer.train_step()
+        synchronize(device)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def measure(
+    config_files: Sequence[str],
+    overrides: dict[str, Any],
+    names: Sequence[str],
+    *,
+    steps: int,
+    warmup: int,
+    peak_size: int | None = None,
+) -> Measurement:
+    """Time ``Trainer.train_step`` of every embedding in ``names`` (one process, one device)."""
     from kerple.config import load_config
     from kerple.parallel.groups import init_distributed, teardown
     from kerple.training.trainer import Trainer
 
+    parallel = init_distributed(1, 1)
+    device = parallel.device
+    try:
+        base = load_config(list(config_files), dict(overrides)).resolve_batch(1)
+        dtype = _compute_dtype(base, device)
+        size = peak_size or (8192 if device.type == "cuda" else 1024)
+        total = warmup + steps
+        tokens_per_step = int(base.training.train_batch_size) * int(base.model.seq_length)
+        run = Measurement(
+            device=torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
+            dtype=str(dtype).removeprefix("torch."),
+            peak_flops=measure_peak_flops(device, dtype, size),
+            peak_size=size,
+            tokens_per_step=tokens_per_step,
+            seq_length=int(base.model.seq_length),
+            layers=int(base.model.num_layers),
+            hidden=int(base.model.hidden_size),
+            compile=bool(getattr(base.training, "compile", False)),
+            steps=steps,
+            warmup=warmup,
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            need = total * int(base.training.train_batch_size) * (int(base.model.seq_length) + 1) * 2
+            write_random_corpus(Path(tmp) / "corpus", int(base.model.vocab_size), need)
+            for name in names:
+                result = Result(name)
+                trainer = model = None
+                try:
+                    cfg = load_config(
+                        list(config_files),
+                        {**overrides, "pos_emb": name, "data_path": f"{tmp}/corpus", "split": "100,0,0",
+                         "train_iters": total, "lr_decay_iters": total, "save": None, "load": None,
+                         "log_dir": None, "tensorboard_dir": None, "use_wandb": False, "eval_iters": 0},
+                    ).resolve_batch(1)
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        trainer = Trainer(cfg, parallel)
+                    model = trainer.model
+                    if hasattr(model, "resolve_attention_impl"):
+                        result.impl = model.resolve_attention_impl(device.type, True, run.seq_length)
+                    times = _time_one(trainer, device, steps, warmup)
+                    result.step_seconds = statistics.median(times)
+                    result.tokens_per_second = tokens_per_step / result.step_seconds
+                    result.peak_bytes = peak_bytes(device)
+                    per_token = flops_per_token(model, run.layers, run.hidden, run.seq_length)
+                    result.mfu = result.tokens_per_second * per_token / run.peak_flops
+                except Exception as error:  # one failing embedding must not hide the others' numbers
+                    first = (str(error).splitlines() or [""])[0][:120]
+                    result.error = f"{type(error).__name__}: {first}"
+                finally:
+                    if trainer is not None:
+                        trainer.close()
+                    del trainer, model
+                    release(device)
+                run.results.append(result)
+                status = result.error or f"{result.tokens_per_second:,.0f} tok/s"
+                print(f"  measured {name}: {status}", file=sys.stderr, flush=True)
+    finally:
+        teardown(parallel)
+    return run
+
+
+def describe(run: Measurement, config_files: Sequence[str]) -> str:
+    """The header lines: device, setup, and the MFU formula with the measured peak."""
+    return (
+        f"device: {run.device}; torch {torch.__version__}; {' + '.join(Path(f).name for f in config_files)}; "
+        f"{run.tokens_per_step} tokens/step at seq_length {run.seq_length}; compute dtype {run.dtype}; "
+        f"compile={run.compile}; median of {run.steps} Trainer.train_step calls after {run.warmup} warm-up\n"
+        f"measured peak: {run.peak_flops / 1e12:.3f} TFLOP/s ({run.peak_size}x{run.peak_size} {run.dtype} matmul); "
+        f"MFU with FLOPs/token = 6*N + 12*L*h*s"
+    )
+
+
+def print_table(run: Measurement, config_files: Sequence[str]) -> None:
+    """Markdown table: one row per embedding."""
+    memory = "peak memory (GiB)" if run.device != "CPU" else "peak RSS so far (GiB)"
+    print(describe(run, config_files))
+    print()
+    print(f"| pos_emb | attention | step time (ms) | tokens/s | {memory} | MFU | tokens/s vs none |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for r in run.results:
+        if r.error:
+            print(f"| {r.pos_emb} | {r.impl or '-'} | - | - | - | - | failed: {r.error} |")
+            continue
+        ratio = run.ratio_to_none(r)
+        print(f"| {r.pos_emb} | {r.impl} | {1000 * r.step_seconds:.1f} | {r.tokens_per_second:,.0f} | "
+              f"{r.peak_bytes / 2**30:.2f} | {100 * r.mfu:.1f}% | {f'{ratio:.3f}' if ratio else '-'} |")
+
+
+def default_setup(gpu: bool) -> tuple[str, list[str]]:
+    """The model YAML and the setup YAMLs for this device."""
+    if gpu:
+        return str(REPO / "configs/models/162M.yml"), [str(REPO / "configs/setups/local_gpu.yml")]
+    return str(REPO / "configs/models/tiny.yml"), [str(REPO / "configs/setups/cpu.yml")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kerple import positional
+    from kerple.config import parse_overrides
+
     gpu = torch.cuda.is_available()
+    model, extra = default_setup(gpu)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=str(REPO / ("configs/models/162M.yml" if gpu else "configs/models/tiny.yml")))
-    parser.add_argument("--extra", nargs="*", default=[str(REPO / ("configs/setups/local_gpu.yml" if gpu else "configs/setups/cpu.yml"))])
-    parser.add_argument("--pe", nargs="+", default=positional.names())
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--model", default=model, help="model YAML (default: 162M on CUDA, tiny on CPU)")
+    parser.add_argument("--extra", nargs="*", default=extra, help="more YAML files (default: the device's setup)")
+    parser.add_argument("--pe", nargs="+", default=positional.names(), help="embeddings (default: all registered)")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--attention-impl", help="default: auto on CUDA, the config's on CPU")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, help="default: on for CUDA, the config's on CPU")
+    parser.add_argument("--peak-size", type=int, help="matmul size for the measured peak (default 8192 CUDA, 1024 CPU)")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_args(argv)
+    overrides = parse_overrides(args.overrides)
+    impl = args.attention_impl or ("auto" if gpu else None)
+    if impl:
+        overrides["attention_impl"] = impl
+    compile_ = args.compile if args.compile is not None else (True if gpu else None)
+    if compile_ is not None:
+        overrides["compile"] = compile_
     names = ["none"] + [n for n in args.pe if n != "none"]
-
-    parallel = init_distributed(1, 1)
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        base = load_config([args.model, *args.extra], dict(o.split("=", 1) for o in args.overrides))
-        base.resolve_batch(1)
-        steps = args.warmup + args.steps
-        need = steps * int(base.training.train_batch_size) * (int(base.model.seq_length) + 1) * 2
-        write_random_corpus(Path(tmp) / "corpus", int(base.model.vocab_size), need)
-        for name in names:
-            cfg = load_config(
-                [args.model, *args.extra],
-                {**dict(o.split("=", 1) for o in args.overrides), "pos_emb": name, "data_path": f"{tmp}/corpus",
-                 "split": "100,0,0", "train_iters": steps, "lr_decay_iters": steps, "save": None, "load": None,
-                 "log_dir": None, "tensorboard_dir": None, "use_wandb": False, "eval_iters": 0},
-            ).resolve_batch(1)
-            with contextlib.redirect_stdout(io.StringIO()):
-                trainer = Trainer(cfg, parallel)
-            times = []
-            for step in range(steps):
-                if gpu:
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                trainer.train_step()
-                if gpu:
-                    torch.cuda.synchronize()
-                if step >= args.warmup:
-                    times.append(time.perf_counter() - start)
-            trainer.close()
-            tokens = int(cfg.training.train_batch_size) * int(cfg.model.seq_length)
-            step_time = statistics.median(times)
-            rows.append((name, tokens / step_time, step_time * 1000))
-            print(f"  measured {name}: {tokens / step_time:,.0f} tok/s", file=sys.stderr, flush=True)
-    teardown(parallel)
-
-    device = torch.cuda.get_device_name() if gpu else "CPU"
-    print(f"\ntraining throughput on {device} ({Path(args.model).name}, {tokens} tokens/step, median of {args.steps} steps)")
-    print(f"{'embedding':<24}{'tokens/s':>12}{'ms/step':>10}{'vs none':>9}")
-    reference = rows[0][1]
-    for name, rate, ms in rows:
-        print(f"{name:<24}{rate:>12,.0f}{ms:>10.1f}{rate / reference:>9.2f}")
-    return 0
+    files = [args.model, *args.extra]
+    run = measure(files, overrides, names, steps=args.steps, warmup=args.warmup, peak_size=args.peak_size)
+    print()
+    print_table(run, files)
+    return 1 if any(r.error for r in run.results) else 0
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from kerple.atomic import torch_save_atomic, write_text_atomic
 from kerple.checkpoint.errors import CheckpointError
 from kerple.checkpoint.reference import LATEST_FILE
 from kerple.checkpoint.sharding import ShardSpec, split_key, split_model_parallel
@@ -33,30 +34,6 @@ REFERENCE_ARGS: tuple[str, ...] = (
     "tokenizer_type",
     "model_parallel_size",
 )
-
-
-def _save(obj: Any, path: Path) -> None:
-    temporary = path.with_name(path.name + ".part")
-    with open(temporary, "wb") as handle:
-        torch.save(obj, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def write_checkpoint(
@@ -113,8 +90,8 @@ def write_checkpoint(
                     index, key = split_key(name)
                     by_index.setdefault(index, {})[key] = tensor.detach().cpu().clone()
                 for index, tensors in sorted(by_index.items()):
-                    _save(tensors, temporary / f"layer_{index:02d}-model_{rank:02d}-model_states.pt")
-            _save(meta, temporary / f"mp_rank_{rank:02d}_model_states.pt")
+                    torch_save_atomic(tensors, temporary / f"layer_{index:02d}-model_{rank:02d}-model_states.pt")
+            torch_save_atomic(meta, temporary / f"mp_rank_{rank:02d}_model_states.pt")
         if config_files:
             (temporary / "configs").mkdir()
             for name, text in config_files.items():

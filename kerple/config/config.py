@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
 
+from kerple.atomic import atomic_path
 from kerple.config import validate
 from kerple.config.errors import DEFAULT, ConfigError
 from kerple.config.neox_keys import DERIVED_KEYS, FIELDS, FREE_BLOCKS, KEY_INDEX, key_of, normalize_key
@@ -180,13 +179,7 @@ class Config:
 
     def save_yaml(self, path: str | os.PathLike) -> None:
         """Write :meth:`to_dict` as YAML to ``path`` atomically (temporary file, then rename)."""
-        target = Path(path)
-        handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as stream:
+        with atomic_path(path) as temporary:
+            with open(temporary, "w", encoding="utf-8") as stream:
                 yaml.safe_dump(self.to_dict(), stream, sort_keys=False, default_flow_style=False)
-            os.replace(temporary, target)
-        except BaseException:
-            os.unlink(temporary)
-            raise
 

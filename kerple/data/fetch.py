@@ -18,6 +18,7 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from kerple.atomic import atomic_path, write_bytes_atomic
 from kerple.data.errors import DataError
 
 CONNECT_TIMEOUT_S = 5.0
@@ -47,10 +48,6 @@ STANDARD_TOKENIZERS: dict[str, dict[str, object]] = {
 }
 
 
-def _temporary_beside(path: Path) -> Path:
-    return path.with_name(f"{path.name}.tmp{os.getpid()}")
-
-
 def download_url(urls: Sequence[str], destination: str | Path, timeout_s: float = CONNECT_TIMEOUT_S,
                  hint: str = "") -> Path:
     """Download the first URL (of mirrors) that answers to ``destination``; fail fast offline.
@@ -63,10 +60,10 @@ def download_url(urls: Sequence[str], destination: str | Path, timeout_s: float 
     target.parent.mkdir(parents=True, exist_ok=True)
     failures = []
     for url in urls:
-        temporary = _temporary_beside(target)
         try:
             request = urllib.request.Request(url, headers={"User-Agent": "kerple-prepare-data"})
-            with urllib.request.urlopen(request, timeout=timeout_s) as response, open(temporary, "wb") as out:
+            with atomic_path(target) as temporary, urllib.request.urlopen(request, timeout=timeout_s) as response, \
+                    open(temporary, "wb") as out:
                 total = int(response.headers.get("Content-Length") or 0) or None
                 from tqdm import tqdm
 
@@ -75,12 +72,9 @@ def download_url(urls: Sequence[str], destination: str | Path, timeout_s: float 
                     while chunk := response.read(1 << 20):
                         out.write(chunk)
                         bar.update(len(chunk))
-            os.replace(temporary, target)
             return target
         except (urllib.error.URLError, OSError, ValueError) as error:
             failures.append(f"  {url}: {getattr(error, 'reason', error)}")
-        finally:
-            temporary.unlink(missing_ok=True)
     message = "could not download " + target.name + ":\n" + "\n".join(failures)
     raise DataError(message + (f"\n{hint}" if hint else ""))
 
@@ -124,16 +118,8 @@ def read_wheel_member(wheel: str | Path, member: str) -> bytes:
 
 
 def write_atomic(path: str | Path, payload: bytes) -> Path:
-    """Write bytes to a temporary name beside ``path``, then rename."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = _temporary_beside(target)
-    try:
-        temporary.write_bytes(payload)
-        os.replace(temporary, target)
-    finally:
-        temporary.unlink(missing_ok=True)
-    return target
+    """Write bytes to a temporary name beside ``path``, then rename (:mod:`kerple.atomic`)."""
+    return write_bytes_atomic(path, payload)
 
 
 def ensure_standard_tokenizer(name: str, tokenizer_dir: str | Path, cache_dir: str | Path,

@@ -16,13 +16,13 @@ Algorithm (neox-compat §7), restated:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from kerple.atomic import atomic_path
 from kerple.data.errors import DataError
 from kerple.data.indexed_dataset import MMapIndexedDataset
 
@@ -101,14 +101,9 @@ def build_shuffle_idx(size: int, rng: np.random.RandomState) -> np.ndarray:
 
 
 def _save_atomic(path: Path, array: np.ndarray) -> None:
-    """``np.save`` to a temporary name in the same folder, then rename."""
-    temporary = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    try:
-        with open(temporary, "wb") as handle:
-            np.save(handle, array, allow_pickle=False)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    """``np.save`` to a temporary name in the same folder, then rename (:mod:`kerple.atomic`)."""
+    with atomic_path(path) as temporary, open(temporary, "wb") as handle:
+        np.save(handle, array, allow_pickle=False)
 
 
 def index_map_prefix(data_prefix: str | Path, name: str, num_samples: int, seq_length: int, seed: int) -> str:

@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
+from kerple.atomic import atomic_path
 from kerple.data.errors import DataError
 
 EOD_TEXT = "<|endoftext|>"
@@ -272,8 +273,6 @@ def train_bpe_tokenizer(texts: Any, vocab_size: int, output_file: str | Path) ->
 
     ``<|endoftext|>`` is id 0 of the trained vocabulary. Written to a temporary name, then renamed.
     """
-    import os
-
     from tokenizers import Tokenizer as Backend
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -291,10 +290,6 @@ def train_bpe_tokenizer(texts: Any, vocab_size: int, output_file: str | Path) ->
     backend.train_from_iterator(texts, trainer=trainer)
     output = Path(output_file)
     output.parent.mkdir(parents=True, exist_ok=True)
-    temporary = output.with_name(f"{output.name}.tmp{os.getpid()}")
-    try:
+    with atomic_path(output) as temporary:
         backend.save(str(temporary))
-        os.replace(temporary, output)
-    finally:
-        temporary.unlink(missing_ok=True)
     return HFTokenizer(output)

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from kerple.atomic import write_json_atomic as _write_json_atomic
 from kerple.evaluation import protocols
 from kerple.evaluation.runner import (
     LengthResult,
@@ -83,22 +81,8 @@ def parse_lengths(text: str) -> list[int]:
 
 
 def write_json_atomic(doc: dict[str, Any], path: str | Path) -> Path:
-    """Write ``doc`` to a temporary file beside ``path``, fsync it, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w") as out:
-            json.dump(doc, out, indent=1, allow_nan=True)
-            out.write("\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
+    """Write ``doc`` as JSON beside ``path``, fsync it, then rename it into place (:mod:`kerple.atomic`)."""
+    return _write_json_atomic(path, doc)
 
 
 def _autocast(cfg: Any, device: torch.device) -> contextlib.AbstractContextManager:

@@ -5,12 +5,11 @@ Used by ``tools/compare_runs.py`` and ``tools/demo.py``.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from kerple.atomic import write_text_atomic
 from kerple.evaluation.plots import plot_ppl_vs_length
 from kerple.evaluation.stats import ALPHA, Table, build_tables, display_name, load_run, render
 
@@ -19,17 +18,6 @@ EXTENSIONS = {"markdown": "md", "latex": "tex", "csv": "csv"}
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_").lower()
-
-
-def write_text_atomic(text: str, path: str | Path) -> Path:
-    """Write ``text`` beside ``path`` under a temporary name, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(handle, "w") as out:
-        out.write(text)
-    os.replace(tmp, path)
-    return path
 
 
 def plot_table(table: Table, path: str | Path) -> Path:
@@ -73,7 +61,7 @@ def compare(
         raise ValueError(f"reference {reference!r} is not among the runs ({', '.join(found)})")
     text = render(tables, fmt, alpha)
     folder = Path(out_dir) if out_dir is not None else Path(paths[0]).parent
-    written = [write_text_atomic(text, folder / f"comparison.{EXTENSIONS[fmt]}")]
+    written = [write_text_atomic(folder / f"comparison.{EXTENSIONS[fmt]}", text)]
     for table in tables:
         written.append(plot_table(table, folder / f"ppl_vs_length_{_slug(table.title)}.png"))
     return text, written

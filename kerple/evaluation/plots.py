@@ -14,8 +14,6 @@
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -28,6 +26,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from kerple.atomic import atomic_path  # noqa: E402
 from kerple.positional.base import PositionalEmbedding  # noqa: E402
 
 KERNEL_MAX_DISTANCE = 20480  # Figs. 2-4 and 6 span |m - n| in [0, 20480]
@@ -35,18 +34,13 @@ EFFECTIVE_LENGTH_THRESHOLD = -2.0  # Appendix A.5: a bias of -2 or less strongly
 
 
 def _save(fig: plt.Figure, path: str | Path) -> Path:
-    """Write the figure to a temporary file beside ``path`` and rename it (no half-written PNGs)."""
+    """Write the figure atomically (:func:`kerple.atomic.atomic_path`; no half-written PNGs), close it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(handle)
     try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
+        with atomic_path(path, suffix=".png") as temporary:
+            fig.savefig(temporary, dpi=120, bbox_inches="tight")
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path
 
 

@@ -53,6 +53,7 @@ from kerple.checkpoint.errors import ArchitectureMismatchError, CheckpointError
 from kerple.checkpoint.safe_load import safe_torch_load
 from kerple.checkpoint.reference import LATEST_FILE
 from kerple.checkpoint.sharding import split_key
+from kerple.atomic import torch_save_atomic, write_text_atomic
 from kerple.checkpoint.writer import FORMAT_VERSION
 
 __all__ = [
@@ -110,13 +111,8 @@ def safe_load(path: Path, *, trust: bool = False) -> Any:
     return safe_torch_load(path, trust=trust)
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + ".part")
-    with open(tmp, "wb") as handle:
-        torch.save(obj, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+# The per-file primitive; a module attribute so tests can substitute a failing writer.
+_atomic_save = torch_save_atomic
 
 
 def _fsync_dir(path: Path) -> None:
@@ -261,12 +257,7 @@ def _commit(root: Path, tmp_dir: Path, final_dir: Path, tag: str, before_commit:
     else:
         os.replace(tmp_dir, final_dir)
     _fsync_dir(root)
-    latest_tmp = root / f"{LATEST_FILE}.part"
-    with open(latest_tmp, "w") as handle:
-        handle.write(tag)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(latest_tmp, root / LATEST_FILE)
+    write_text_atomic(root / LATEST_FILE, tag)
     _fsync_dir(root)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from kerple.checkpoint.errors import ArchitectureMismatchError
+from kerple.checkpoint.writer import REFERENCE_ARGS  # the reference's ``args`` keys (neox-compat §6)
 
 # Fields that change parameter shapes or what the weights mean; a resume must match all of them.
 ARCHITECTURE_FIELDS = (
@@ -26,17 +27,6 @@ ARCHITECTURE_FIELDS = (
     "activation",
     "gpt_j_residual",
     "no_weight_tying",
-    "model_parallel_size",
-)
-# Reference ``args`` keys (neox-compat §6) plus the fields above and the positional options.
-REFERENCE_ARGS = (
-    "num_layers",
-    "hidden_size",
-    "num_attention_heads",
-    "max_position_embeddings",
-    "make_vocab_size_divisible_by",
-    "padded_vocab_size",
-    "tokenizer_type",
     "model_parallel_size",
 )
 
