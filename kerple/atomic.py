@@ -37,6 +37,13 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
+def _current_umask() -> int:
+    """The process umask (reading it requires setting it; it is restored at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike[str], *, suffix: str = ".tmp") -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success fsync it and rename it onto ``path``.
@@ -51,6 +58,9 @@ def atomic_path(path: str | os.PathLike[str], *, suffix: str = ".tmp") -> Iterat
     handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=suffix)
     os.close(handle)
     temporary = Path(name)
+    # mkstemp creates the file 0600; give the result the mode a plain open() would (0666 & ~umask),
+    # so checkpoints and results in a shared lab folder stay readable by the group.
+    os.chmod(temporary, 0o666 & ~_current_umask())
     try:
         yield temporary
         _fsync_file(temporary)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -65,3 +67,13 @@ def test_helpers_create_parents_and_return_the_target(tmp_path: Path) -> None:
     assert raw.read_bytes() == b"\x00\x01"
     for folder in ("a", "b", "c"):
         assert len(list((tmp_path / folder).iterdir())) == 1
+
+
+def test_written_file_gets_the_mode_of_a_plain_open(tmp_path: Path) -> None:
+    """Not mkstemp's private 0600: other users of a shared folder can read checkpoints and results."""
+    previous = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "results.json", "{}")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "results.json").stat().st_mode) == 0o644
