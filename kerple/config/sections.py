@@ -274,8 +274,10 @@ class TrainingConfig:
     )
     eval_interval: int = setting(1000, "Steps between validation runs.", minimum=1)
     eval_iters: int = setting(10, "Validation batches per validation run.", minimum=0)
-    checkpoint_activations: bool = setting(False, "Recompute activations in the backward pass to save memory.")
-    checkpoint_num_layers: int = setting(1, "Layers per activation-checkpoint chunk.", minimum=1)
+    checkpoint_activations: bool = setting(
+        False, "Recompute each group of checkpoint_num_layers transformer layers in the backward pass (saves memory, same numbers)."
+    )
+    checkpoint_num_layers: int = setting(1, "Transformer layers per activation-checkpoint group.", minimum=1)
     compile: bool = setting(False, "Wrap the model in torch.compile.")
     partition_activations: bool = setting(False, "Reference: split checkpointed activations across model-parallel ranks.", effect=False)
     synchronize_each_layer: bool = setting(False, "Reference: CUDA synchronise after each checkpointed layer.", effect=False)

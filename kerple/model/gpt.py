@@ -20,10 +20,18 @@ parameters per model). Where it is registered decides its keys:
 
 The distance tables are computed ONCE per forward and handed to every layer in an
 :class:`~kerple.model.attention.AttentionContext`.
+
+Activation checkpointing (``checkpoint_activations``, ``checkpoint_num_layers`` = N): in a training
+forward with autograd on and no KV cache, each group of N transformer layers runs under
+``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` and is recomputed in the backward
+pass (dropout replays the same RNG state). The numbers are unchanged: the recomputation runs the
+same operations on the same inputs, and the shared positional tables reach every group as inputs
+of the recomputed graph, so their parameters receive the same gradients.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -70,9 +78,16 @@ class GPTModel(nn.Module):
         attention_impl: str = "eager",
         attention_window: int | None = None,
         flex_compile: bool = True,
+        checkpoint_activations: bool = False,
+        checkpoint_num_layers: int = 1,
     ) -> None:
         super().__init__()
+        if int(checkpoint_num_layers) < 1:
+            raise ValueError(f"checkpoint_num_layers must be >= 1, got {checkpoint_num_layers}")
         self.num_layers = num_layers
+        # plain attributes read at every forward (see the module docstring)
+        self.checkpoint_activations = bool(checkpoint_activations)
+        self.checkpoint_num_layers = int(checkpoint_num_layers)
         self.hidden_size = hidden_size
         self.num_heads = num_attention_heads
         self.vocab_size = padded_vocab_size
@@ -223,6 +238,13 @@ class GPTModel(nn.Module):
             flex=self._flex,
         )
 
+    def checkpoint_group(self, cache: KVCache | None = None) -> int | None:
+        """Layers per activation-checkpoint group for the forward about to run, or ``None`` (no
+        checkpointing: switched off, evaluation, no autograd, or incremental decoding)."""
+        if self.checkpoint_activations and cache is None and self.training and torch.is_grad_enabled():
+            return self.checkpoint_num_layers
+        return None
+
     def hidden_states(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """Final-normed hidden states ``[b, s, h]`` before the LM head.
 
@@ -231,8 +253,7 @@ class GPTModel(nn.Module):
         """
         context = self._context(tokens.shape[1], tokens.device, cache)
         hidden = self.embedding(tokens, context.q_positions)  # [b, s, h]
-        for layer in self.layers:
-            hidden = layer(hidden, context)
+        hidden = run_layers(self.layers, hidden, context, self.checkpoint_group(cache))
         if cache is not None:
             cache.advance(tokens.shape[1])
         return self.final_norm(hidden)
@@ -264,6 +285,29 @@ class GPTModel(nn.Module):
         return torch.cat(losses, dim=1)
 
 
+def run_layers(
+    layers: list[TransformerLayer], hidden: torch.Tensor, context: AttentionContext, group: int | None = None
+) -> torch.Tensor:
+    """``hidden [b, s, h]`` through ``layers`` in order; with ``group`` = N, every N consecutive
+    layers run as one activation-checkpoint group (recomputed in the backward pass)."""
+    if not group:
+        for layer in layers:
+            hidden = layer(hidden, context)
+        return hidden
+    for start in range(0, len(layers), group):
+        hidden = checkpoint(_run_group, layers[start : start + group], hidden, context, use_reentrant=False)
+    return hidden
+
+
+def _run_group(layers: list[TransformerLayer], hidden: torch.Tensor, context: AttentionContext) -> torch.Tensor:
+    """One checkpointed group: ``layers`` on a copy of ``context`` with an empty cache of dense views.
+
+    The context gathers its dense ``[H, q, k]`` bias/mask views lazily and keeps them; a fresh
+    cache makes the forward and its recomputation build (and save) exactly the same tensors.
+    """
+    return run_layers(layers, hidden, dataclasses.replace(context, _dense={}))
+
+
 def _chunk_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
     """``hidden [b, c, h]`` -> per-token loss ``[b, c]`` via fp32 logits of this chunk only."""
     logits = F.linear(hidden, weight).float()  # [b, c, V]
@@ -292,6 +336,7 @@ def build_model(cfg: Any, *, flex_compile: bool = True) -> GPTModel:
     from kerple import positional as positional_registry
 
     model_cfg, positional_cfg, attention_cfg = cfg.model, cfg.positional, cfg.attention
+    training_cfg = getattr(cfg, "training", None)  # activation checkpointing
     max_positions = getattr(model_cfg, "max_position_embeddings", None) or model_cfg.seq_length
     epsilon = {
         "rmsnorm": getattr(model_cfg, "rms_norm_epsilon", 1e-8),
@@ -324,4 +369,6 @@ def build_model(cfg: Any, *, flex_compile: bool = True) -> GPTModel:
         attention_impl=attention_cfg.attention_impl,
         attention_window=attention_cfg.attention_window,
         flex_compile=flex_compile,
+        checkpoint_activations=bool(getattr(training_cfg, "checkpoint_activations", False)),
+        checkpoint_num_layers=int(getattr(training_cfg, "checkpoint_num_layers", 1) or 1),
     )

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from deepspeed.pipe import PipelineModule
 from torch import nn
 
+from kerple.model.gpt import run_layers
 from kerple.model.transformer import TransformerLayer
 from kerple.positional.base import PositionKind
 
@@ -181,15 +182,22 @@ class GPTPipeline(PipelineModule):
         # Distance tables once per micro-batch on this stage, as GPTModel does once per forward.
         context = model._context(stage_input.shape[1], stage_input.device, None)
         count = model.num_layers
+        group = model.checkpoint_group()  # activation checkpointing, as in GPTModel.hidden_states
         hidden = stage_input
+        layers: list[nn.Module] = []  # consecutive transformer layers not yet run
         for key, stage in self.sequential.items():
             index = int(key)
+            if 2 <= index <= count + 1:
+                layers.append(stage)
+                continue
+            if layers:
+                hidden, layers = run_layers(layers, hidden, context, group), []
             if index == 0:
                 hidden = stage(hidden, context.q_positions)  # [b, s] -> [b, s, h]
             elif index == count + 3:
                 hidden = stage(hidden)
             elif index == count + 4:
                 hidden = F.linear(hidden, stage.final_linear.weight)  # [b, s, V]
-            else:
-                hidden = stage(hidden, context)
+        if layers:
+            hidden = run_layers(layers, hidden, context, group)
         return hidden

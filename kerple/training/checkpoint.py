@@ -21,7 +21,7 @@ Layer files hold exactly the model's ``sequential.<II>.`` keys with that prefix 
 
 Optimizer state: a plain ``torch.optim`` optimizer (fp32, ZeRO 0) and DeepSpeed's unpartitioned fp16
 wrapper are stored under ``optimizer`` in ``mp_rank_MM_model_states.pt``, like the reference. Wrappers
-that partition the fp32 master weights over data-parallel ranks (ZeRO 1/2, and DeepSpeed's bf16
+that partition the fp32 master weights over data-parallel ranks (ZeRO 1/2/3, and DeepSpeed's bf16
 optimizer) are stored one file per data-parallel rank in DeepSpeed's own file naming; resuming them
 needs the same data-parallel size.
 
@@ -169,6 +169,7 @@ def save_checkpoint(
     iteration: int,
     module: nn.Module,
     optimizer: Any,
+    model_state: dict[str, torch.Tensor] | None = None,
     client_state: dict[str, Any],
     parallel: Any,
     write_configs: Callable[[Path], None] | None = None,
@@ -177,7 +178,9 @@ def save_checkpoint(
 ) -> Path:
     """Write ``global_step<iteration>`` atomically (collective: every rank calls it).
 
-    ``client_state`` goes into ``mp_rank_MM_model_states.pt`` next to the optimizer state;
+    ``model_state`` replaces ``module.state_dict()`` where the caller gathered it (ZeRO-3: the
+    full parameters, needed on data-parallel rank 0 only). ``client_state`` goes into
+    ``mp_rank_MM_model_states.pt`` next to the optimizer state;
     ``write_configs(dir)`` writes the resolved config files into ``dir`` (rank 0);
     ``before_commit(tmp_dir)`` is a test hook run on rank 0 just before the rename.
     Raises :class:`CheckpointError` (on every rank) if any rank fails to write; the previous
@@ -202,7 +205,8 @@ def save_checkpoint(
     error: BaseException | None = None
     try:
         if dp_rank == 0:
-            for index, tensors in split_by_layer(module.state_dict()).items():
+            weights = module.state_dict() if model_state is None else model_state
+            for index, tensors in split_by_layer(weights).items():
                 _atomic_save(tensors, tmp_dir / layer_file_name(index, mp_rank))
             state = dict(client_state)
             state.update(

@@ -12,6 +12,15 @@ With ``pipe_parallel_size > 1`` the loaded whole model becomes this rank's stage
 (:func:`kerple.parallel.pipeline.build_pipeline`) before the optimizer is built, DeepSpeed returns
 its pipeline engine, and a step is ``engine.train_batch`` over ``gradient_accumulation_steps``
 micro-batches. Checkpoints keep the reference layout (each stage writes its own layer files).
+
+ZeRO stage 3 (non-pipeline, ``model_parallel_size: 1``) partitions the parameters themselves over
+the data-parallel ranks. Parameters read outside their own module's ``forward`` (the shared
+positional parameters behind the distance tables, the LM-head weight) are registered as external
+parameters of the model so DeepSpeed gathers them for its forward and backward (DeepSpeed 0.19 would
+also gather them on first attribute access; the explicit registration is its documented route and
+does not depend on that fallback); saving gathers every
+parameter so the layer files hold the full weights, and the optimizer shards are written per rank
+as for ZeRO 1/2.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import math
 import random
 import signal
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,11 +164,6 @@ class Trainer:
                 "fp16 training needs a CUDA GPU: DeepSpeed 0.19 rejects fp16 on the CPU accelerator. "
                 "On CPU use bf16 ('bf16: {enabled: true}') or fp32 (remove the fp16 block)."
             )
-        if int(cfg.parallelism.zero_stage) > 2:
-            raise TrainingError(
-                "zero_optimization.stage 3 is not supported by this trainer's checkpoint writer "
-                "(parameters would have to be gathered); use stage 0, 1 or 2."
-            )
         if self.pipelined:
             pipe = int(cfg.parallelism.pipe_parallel_size)
             if int(cfg.parallelism.model_parallel_size) > 1:
@@ -168,7 +173,8 @@ class Trainer:
                 )
             if int(cfg.parallelism.zero_stage) > 1:
                 raise TrainingError(
-                    "DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only; set zero_optimization.stage: 0 or 1."
+                    "DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only (stage 3 only without pipeline "
+                    "parallelism); set zero_optimization.stage: 0 or 1."
                 )
             if not cfg.model.no_weight_tying:
                 raise TrainingError(
@@ -185,6 +191,19 @@ class Trainer:
                 "tensor parallelism (model_parallel_size > 1) is supported with ZeRO stage 0 only (the paper's "
                 "1.3B setting); set zero_optimization.stage: 0."
             )
+
+    @property
+    def zero3(self) -> bool:
+        return int(self.cfg.parallelism.zero_stage) == 3
+
+    def _gathered(self, parameters: list[torch.nn.Parameter]) -> Any:
+        """Under ZeRO-3, a collective context in which ``parameters`` hold their full values (read
+        only); otherwise a no-op. Every rank must enter it."""
+        if not self.zero3:
+            return nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(parameters, modifier_rank=None)
 
     def _seed(self, seed: int) -> None:
         random.seed(seed)
@@ -302,6 +321,8 @@ class Trainer:
                 dist_init_required=False,
             )
             return engine
+        if self.zero3:
+            self._register_external_parameters()
         loss_fn = loss_module.cross_entropy
         if self.parallel.model_parallel_size > 1:
             from kerple.parallel.tensor_parallel import vocab_parallel_loss
@@ -316,6 +337,17 @@ class Trainer:
             dist_init_required=False,
         )
         return engine
+
+    def _register_external_parameters(self) -> None:
+        """ZeRO-3 gathers a module's own parameters around its ``forward``; the model's forward also
+        reads the shared positional parameters (distance tables) and the LM-head weight directly, so
+        they are registered with ``deepspeed.zero.register_external_parameter`` on the model."""
+        import deepspeed
+
+        model = self.model
+        external = list(model.positional.parameters()) + [model.lm_head_weight]
+        for parameter in {id(p): p for p in external}.values():
+            deepspeed.zero.register_external_parameter(model, parameter)
 
     def _restore_training_state(self, loaded: LoadedRun) -> None:
         ck, meta, directory = self.cfg.checkpointing, loaded.meta, loaded.directory
@@ -340,7 +372,11 @@ class Trainer:
                         f"{self.parallel.data_parallel_size}; resume with the same number of processes or set no_load_optim"
                     )
                 shards = [ckpt.safe_load(f, trust=self.trust_checkpoint)["optimizer_state_dict"] for f in files]
+                if hasattr(optimizer, "checkpoint_event_prologue"):  # ZeRO-3, as the engine's own loader does
+                    optimizer.checkpoint_event_prologue()
                 optimizer.load_state_dict(shards, load_optimizer_states=True, load_from_fp32_weights=True)
+                if hasattr(optimizer, "checkpoint_event_epilogue"):
+                    optimizer.checkpoint_event_epilogue()
             elif meta.get("optimizer") is not None:
                 optimizer.load_state_dict(meta["optimizer"])
         elif not loaded.optimizer_resumable and self.parallel.is_main:
@@ -444,10 +480,16 @@ class Trainer:
         if not ck.no_save_rng:
             client_state.update(capture_rng())
         optimizer = None if ck.no_save_optim else self.engine.optimizer
+        model_state = None
+        if self.zero3:  # gather the partitioned parameters (collective) and copy them whole
+            with self._gathered(list(self.model.parameters())):
+                if self.parallel.data_parallel_rank == 0:
+                    model_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         return ckpt.save_checkpoint(
             ck.save,
             iteration=self.iteration,
             module=self.model,
+            model_state=model_state,
             optimizer=optimizer,
             client_state=client_state,
             parallel=self.parallel,
@@ -522,7 +564,10 @@ class Trainer:
         self.monitor.record(self.iteration, {"lm_loss": value, "lm_loss_ppl": ppl}, "validation")
 
     def _log_progress(self, loss: float, lr: float, tokens_per_step: int, step_time: float, mean_time: float) -> None:
-        positional = self.model.positional.metrics() if hasattr(self.model, "positional") else {}
+        positional = {}
+        if hasattr(self.model, "positional"):
+            with self._gathered(list(self.model.positional.parameters())):
+                positional = self.model.positional.metrics()
         grad_norm = self.engine.get_global_grad_norm() if hasattr(self.engine, "get_global_grad_norm") else None
         grad_norm = float(grad_norm) if grad_norm is not None else None
         tokens_per_s = tokens_per_step / step_time if step_time > 0 else float("nan")

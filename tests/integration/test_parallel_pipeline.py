@@ -3,7 +3,7 @@
 The one-process reference run happens in the test process, before the workers start, with the same
 seed, data and LR schedule. The workers train the pipeline, save, check that the shared KERPLE
 parameters hold one set of values on both stages, record the last stage's logits for a fixed
-batch, and resume from their checkpoint for two more steps.
+batch, and resume from their checkpoint for two more steps (with activation checkpointing on).
 """
 
 from __future__ import annotations
@@ -69,9 +69,11 @@ WORKER = textwrap.dedent(
     del trainer
     gc.collect()
 
-    # resume the pipeline run (same pipe size): weights, optimizer, schedule and iteration
+    # resume the pipeline run (same pipe size): weights, optimizer, schedule and iteration; with
+    # activation checkpointing on, which must not change the numbers
     cfg = tiny_config(
-        corpus, pipe_parallel_size=2, train_iters={total}, lr_decay_iters={total}, save=save, load=save, **batch
+        corpus, pipe_parallel_size=2, train_iters={total}, lr_decay_iters={total}, save=save, load=save,
+        checkpoint_activations=True, **batch
     )
     trainer = Trainer(cfg.resolve_batch(2), parallel)
     report["resumed_at"] = trainer.iteration
