@@ -60,36 +60,26 @@ def _layer_classes() -> tuple[type, type, type]:
     """
     tp = _megatron()
 
-    def drop_extra_state_hook(layer: nn.Module) -> None:
-        layer._load_state_dict_pre_hooks.clear()
-
-    class ColumnParallel(tp.ColumnParallelLinear):  # type: ignore[misc, name-defined]
-        """``ColumnParallelLinear`` whose forward returns only the (bias-added) output ``[b, s, out/N]``."""
+    class PlainOutput:
+        """Mixin: no ``_extra_state`` (nor the pre-hook that inserts it); forward returns only the
+        output, with the bias already added, instead of megatron-core's ``(output, bias)`` pair."""
 
         get_extra_state = nn.Module.get_extra_state
         set_extra_state = nn.Module.set_extra_state
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            drop_extra_state_hook(self)
+            self._load_state_dict_pre_hooks.clear()
 
-        def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        def forward(self, hidden: torch.Tensor) -> torch.Tensor:
             output, _ = super().forward(hidden)
             return output
 
-    class RowParallel(tp.RowParallelLinear):  # type: ignore[misc, name-defined]
-        """``RowParallelLinear`` (input already split) returning only the all-reduced output ``[b, s, out]``."""
+    class ColumnParallel(PlainOutput, tp.ColumnParallelLinear):  # type: ignore[misc, name-defined]
+        """``ColumnParallelLinear`` returning ``[b, s, out/N]``."""
 
-        get_extra_state = nn.Module.get_extra_state
-        set_extra_state = nn.Module.set_extra_state
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            drop_extra_state_hook(self)
-
-        def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-            output, _ = super().forward(hidden)
-            return output
+    class RowParallel(PlainOutput, tp.RowParallelLinear):  # type: ignore[misc, name-defined]
+        """``RowParallelLinear`` (input already split) returning the all-reduced ``[b, s, out]``."""
 
     return ColumnParallel, RowParallel, tp.VocabParallelEmbedding
 
