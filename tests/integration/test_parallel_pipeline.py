@@ -9,8 +9,6 @@ batch, and resume from their checkpoint for two more steps (with activation chec
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -23,7 +21,7 @@ sys.path.insert(0, str(HERE))
 
 from kerple.model import build_model  # noqa: E402
 from kerple.training import checkpoint as ckpt  # noqa: E402
-from tiny_run import REPO, free_port, single_process_group, tiny_config, train, write_corpus  # noqa: E402
+from tiny_run import run_two_ranks, single_process_group, tiny_config, train, write_corpus  # noqa: E402
 
 STEPS = 10
 RESUMED_STEPS = 2
@@ -106,13 +104,7 @@ def test_two_stage_pipeline_trains_like_one_process(parallel, tmp_path: Path) ->
     script = tmp_path / "worker.py"
     script.write_text(WORKER.format(here=str(HERE), corpus=str(corpus), out=str(out), logits_file=str(logits_file),
                                     save=str(save), batch=BATCH, steps=STEPS, total=TOTAL))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_port", str(free_port()), str(script)]
-    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
+    run_two_ranks(script, timeout=300)
     report = json.loads(out.read_text())
 
     # stage 1 holds the second transformer layer, the final norm and the head (indices 3, 5, 6)

@@ -8,8 +8,6 @@ math); the TP=1 training run happens in the test process, before the workers sta
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -22,7 +20,7 @@ sys.path.insert(0, str(HERE))
 
 from kerple.model import build_model  # noqa: E402
 from kerple.training import checkpoint as ckpt  # noqa: E402
-from tiny_run import REPO, free_port, single_process_group, tiny_config, train, write_corpus  # noqa: E402
+from tiny_run import run_two_ranks, single_process_group, tiny_config, train, write_corpus  # noqa: E402
 
 EMBEDDINGS = ("kerple_log", "alibi", "rpe", "rotary")
 STEPS = 4
@@ -113,13 +111,7 @@ def test_tensor_parallel_matches_single_process(parallel, tmp_path: Path) -> Non
     script = tmp_path / "worker.py"
     script.write_text(WORKER.format(here=str(HERE), corpus=str(corpus), out=str(out), save_tp1=str(save_tp1),
                                     save_tp2=str(save_tp2), embeddings=EMBEDDINGS, steps=STEPS))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_port", str(free_port()), str(script)]
-    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stderr[-4000:]
+    run_two_ranks(script, timeout=400)
     report = json.loads(out.read_text())
 
     for pos_emb in EMBEDDINGS:

@@ -4,8 +4,6 @@ and a sharded-optimizer checkpoint resumes exactly on two ranks (issue 4 tests).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -15,7 +13,7 @@ import pytest
 HERE = Path(__file__).resolve().parents[1] / "unit" / "training"
 sys.path.insert(0, str(HERE))
 
-from tiny_run import REPO, free_port, single_process_group, tiny_config, train, write_corpus  # noqa: E402
+from tiny_run import run_two_ranks, single_process_group, tiny_config, train, write_corpus  # noqa: E402
 
 WORKER = textwrap.dedent(
     """
@@ -54,13 +52,7 @@ def test_two_process_zero_matches_one_process(corpus: Path, tmp_path: Path) -> N
     out, save = tmp_path / "losses.json", tmp_path / "ck"
     script = tmp_path / "worker.py"
     script.write_text(WORKER.format(here=str(HERE), corpus=str(corpus), out=str(out), save=str(save)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_port", str(free_port()), str(script)]
-    run = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=400)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    run_two_ranks(script, timeout=400)
     two = json.loads(out.read_text())
 
     # one process, same global batch of 8: micro 4 x accumulation 2
@@ -123,13 +115,7 @@ def test_two_process_zero3_matches_one_process_and_saves_full_weights(corpus: Pa
     script = tmp_path / "worker.py"
     script.write_text(ZERO3_WORKER.format(here=str(HERE), corpus=str(corpus), out=str(out), save=str(save),
                                           resume=str(resume)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_port", str(free_port()), str(script)]
-    run = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=400)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    run_two_ranks(script, timeout=400)
     two = json.loads(out.read_text())
 
     gen = single_process_group()

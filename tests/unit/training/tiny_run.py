@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -76,6 +78,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def run_two_ranks(script: Path, timeout: int = 400) -> None:
+    """Run ``script`` on 2 CPU ranks with ``torch.distributed.run`` (gloo, 1 thread each), from a
+    clean rank environment so no process group of this test process leaks in; assert it succeeded."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+               "--master_port", str(free_port()), str(script)]
+    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-4000:]
 
 
 def single_process_group() -> Iterator[Any]:
