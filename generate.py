@@ -1,4 +1,4 @@
-"""Generate text from a trained checkpoint with a KV cache (issue 6).
+"""Generate text from a trained checkpoint with a KV cache.
 
     python generate.py configs/models/162M.yml configs/pe/kerple_log.yml --load checkpoints/run \
         --prompt "Once upon a time" --max-new-tokens 64 [--temperature 0.8 --top-k 50 --top-p 0.9]

@@ -1,5 +1,5 @@
 """Peak memory and tokens/s of evaluation (forward + chunked LM head and loss, no grad) per length
-and attention implementation (issue 7).
+and attention implementation.
 
     python benchmarks/eval_memory.py                       # tiny CPU model: 2 layers, h=192, 12 heads
     python benchmarks/eval_memory.py --config configs/models/162M.yml --device cuda

@@ -1,4 +1,4 @@
-"""Training throughput of every positional embedding on the current device, in one run (issues 4, 7).
+"""Training throughput of every positional embedding on the current device, in one run.
 
     python benchmarks/train_throughput.py                    # tiny config on CPU, 162M on CUDA
     python benchmarks/train_throughput.py --pe none kerple_log alibi --steps 10

@@ -1,4 +1,4 @@
-"""Reading, checking, converting and writing GPT-NeoX / KERPLE checkpoints safely (issue 6).
+"""Reading, checking, converting and writing GPT-NeoX / KERPLE checkpoints safely.
 
 Public API:
 

@@ -341,7 +341,7 @@ def import_huggingface(folder: str | Path) -> tuple[dict[str, torch.Tensor], dic
 
 
 def _add_inv_freq(state: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
-    """Stock HF folders do not store the rotary frequencies; recompute them (neox-compat §3)."""
+    """Stock HF folders do not store the rotary frequencies; recompute them (docs/reference-format.md §3)."""
     head_dim = int(config["hidden_size"]) // int(config["num_attention_heads"])
     ndims = int(head_dim * float(config.get("rotary_pct", 1.0)))
     exponents = torch.arange(0, ndims, 2, dtype=torch.float32) / ndims

@@ -1,4 +1,4 @@
-"""Read GPT-NeoX / KERPLE checkpoint directories (neox-compat §6) into one full state dict.
+"""Read GPT-NeoX / KERPLE checkpoint directories (docs/reference-format.md §6) into one full state dict.
 
 Handles:
 
@@ -195,7 +195,7 @@ def _read_pipeline(checkpoint_dir: Path, trust: bool) -> list[dict[str, torch.Te
 
 
 def _check_indices(state: dict[str, torch.Tensor], source: Path) -> None:
-    """The pipeline indices must follow neox-compat §6: 0, 2..L+1, L+3, (L+4)."""
+    """The pipeline indices must follow docs/reference-format.md §6: 0, 2..L+1, L+3, (L+4)."""
     layers = transformer_indices(state)
     if not layers:
         raise CheckpointError(f"{source}: no transformer layer holds {QKV_KEY!r}; this is not a GPT-NeoX checkpoint")

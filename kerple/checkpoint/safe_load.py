@@ -1,4 +1,4 @@
-"""Read ``.pt`` pickles without running their code (issue 6: "opening one must not run its code").
+"""Read ``.pt`` pickles without running their code (opening one must not run its code).
 
 ``torch.load(weights_only=True)`` only rebuilds tensors, containers and an allowlist of globals.
 GPT-NeoX / DeepSpeed files also hold a few plain data types (an ``argparse.Namespace`` of

@@ -1,6 +1,6 @@
 """Model-parallel merge / re-split of GPT-NeoX state dicts (Megatron tensor parallelism).
 
-How each reference tensor is partitioned over ``mp`` model-parallel ranks (neox-compat §6):
+How each reference tensor is partitioned over ``mp`` model-parallel ranks (docs/reference-format.md §6):
 
 * column-parallel, split by **rows** (dim 0): ``attention.query_key_value.{weight,bias}``,
   ``mlp.dense_h_to_4h.{weight,bias}``, ``word_embeddings.weight`` (by vocab rows) and the head
@@ -176,7 +176,7 @@ def split_model_parallel(state: dict[str, torch.Tensor], ranks: int, spec: Shard
 
 
 def check_shared_positional(state: dict[str, torch.Tensor], source: str) -> None:
-    """Every layer's copy of a shared positional tensor must be identical (neox-compat §2, §6).
+    """Every layer's copy of a shared positional tensor must be identical (docs/reference-format.md §2, §6).
 
     Raises :class:`ModelParallelError` naming the tensor and the layer indices that differ from
     the first layer's copy.

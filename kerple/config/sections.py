@@ -2,7 +2,7 @@
 
 Each field is one YAML key (its name, unless ``keys`` in :func:`~kerple.config.fields.setting`
 says otherwise; dashes and underscores are alike). Defaults are the paper's 162M setup
-(neox-compat §4) where the reference has no default, the reference's default otherwise; precision
+(docs/reference-format.md §4) where the reference has no default, the reference's default otherwise; precision
 defaults to fp32 so that a config without an ``fp16``/``bf16`` block runs on a CPU.
 Fields marked ``derived`` are filled after loading and cannot be set from a file.
 """
@@ -167,7 +167,7 @@ class OptimizerConfig:
 
 @dataclass
 class LRScheduleConfig:
-    """GPT-NeoX ``AnnealingLR``: linear warm-up, then decay (neox-compat §5)."""
+    """GPT-NeoX ``AnnealingLR``: linear warm-up, then decay (docs/reference-format.md §5)."""
 
     lr_decay_style: Literal["constant", "linear", "cosine"] = setting("cosine", "Decay after warm-up.")
     lr_decay_iters: int | None = setting(None, "Length of the schedule in steps; null means train_iters.", minimum=1)

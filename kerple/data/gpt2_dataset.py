@@ -1,6 +1,6 @@
 """GPT-NeoX ``GPT2Dataset`` sampling: the same data, seed and lengths give the same samples.
 
-Algorithm (neox-compat §7), restated:
+Algorithm (docs/reference-format.md §7), restated:
 
 1. the items of an indexed dataset are split into contiguous ranges by a ``split`` string
    ("949,50,1": weights of train, valid, test);

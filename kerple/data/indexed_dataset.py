@@ -1,6 +1,6 @@
 """Megatron "mmap" indexed dataset: a streaming writer and a validating, memory-mapped reader.
 
-Format (neox-compat §7, little-endian), byte-compatible with GPT-NeoX / Megatron-LM files:
+Format (docs/reference-format.md §7, little-endian), byte-compatible with GPT-NeoX / Megatron-LM files:
 
 ``<prefix>.idx``::
 

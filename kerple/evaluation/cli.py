@@ -5,7 +5,7 @@
         --protocol nonoverlap --output results/kerple_log.json
 
 ``key=value`` arguments override config keys as for ``train.py``. The reference evaluated by
-re-running its trainer with ``train-iters: 0`` and ``seq-length-val: L`` (neox-compat §5); here
+re-running its trainer with ``train-iters: 0`` and ``seq-length-val: L`` (docs/reference-format.md §5); here
 every length is evaluated in one process over one token stream (see :mod:`.runner`).
 """
 
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     yamls = [c for c in args.configs if "=" not in c]
     overrides = parse_overrides([c for c in args.configs if "=" in c])
-    # Evaluation only, as the reference's train-iters 0 (neox-compat §5): validation then allows
+    # Evaluation only, as the reference's train-iters 0 (docs/reference-format.md §5): validation then allows
     # kernels without a CPU backward (flex) and nothing is trained.
     overrides = {k: v for k, v in overrides.items() if normalize_key(k) != "train_iters"}
     overrides["train_iters"] = 0

@@ -10,7 +10,7 @@ window is scored: positions ``score_from .. n - 1``.
   no earlier context, every position scored. By default every length scores the *same* ``T`` label
   tokens (``N`` windows at the base length, ``N/2`` at twice the base, ...); ``num_windows`` fixes
   the window count instead (the reference's evaluation used 320 windows at every length,
-  neox-compat §5).
+  docs/reference-format.md §5).
 * ``sliding`` (ALiBi's evaluation): windows of ``L`` advanced by a stride ``S``; the first window
   scores all ``L`` positions, each later one only its last ``S``, so every scored token after the
   first window has at least ``L - S`` tokens of context.

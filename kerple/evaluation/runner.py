@@ -63,7 +63,7 @@ def load_split_stream(cfg: Any, split: str) -> np.ndarray:
     """The documents of ``split`` concatenated in stored order, as int64 ``[n]``.
 
     ``cfg.data.<split>_data_paths`` when set, otherwise the ``split`` range of ``cfg.data.data_path``
-    (the same contiguous document ranges the trainer uses, neox-compat §7).
+    (the same contiguous document ranges the trainer uses, docs/reference-format.md §7).
     """
     from kerple.data.gpt2_dataset import split_boundaries
     from kerple.data.indexed_dataset import MMapIndexedDataset

@@ -1,4 +1,4 @@
-"""Inference: KV-cached generation and windowed-cache perplexity (issue 6).
+"""Inference: KV-cached generation and windowed-cache perplexity.
 
 Public API: :func:`generate`, :func:`sample_next` (``kerple.inference.generate``) and
 :func:`windowed_cache_losses` (``kerple.inference.windowed``).

@@ -1,6 +1,6 @@
 """Self-attention of GPT-NeoX with three interchangeable kernels: ``eager`` | ``sdpa`` | ``flex``.
 
-Reference order of operations (neox-compat §3):
+Reference order of operations (docs/reference-format.md §3):
 
 1. ``query_key_value`` is one fused linear ``[3h, h]`` whose output is viewed as
    ``[b, s, heads, 3 * head_dim]``: rows are interleaved **per head** (q, k, v of head 0, then of
@@ -260,7 +260,7 @@ class SelfAttention(nn.Module):
     """GPT-NeoX attention block: fused ``query_key_value`` ``[3h, h]`` and output ``dense`` ``[h, h]``.
 
     The shared positional module is registered under this module by the model (so its tensors
-    appear as ``attention.<state_dict_name>.*`` in every layer, neox-compat §6); this class only
+    appear as ``attention.<state_dict_name>.*`` in every layer, docs/reference-format.md §6); this class only
     uses the hooks handed over in :class:`AttentionContext`.
     """
 

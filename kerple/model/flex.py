@@ -2,7 +2,7 @@
 
 KERPLE-style terms depend only on the distance ``d = i - j`` (paper §3, Eq. 2), so a per-head table
 ``[H, L]`` built once per forward is enough: ``score_mod`` reads ``scale[h, d]`` and ``bias[h, d]``
-on the fly and no ``[H, L, L]`` tensor exists (issue 7: O(H·L) memory at 16k-64k tokens). Gradients
+on the fly and no ``[H, L, L]`` tensor exists (O(H·L) memory at 16k-64k tokens). Gradients
 reach the tables (and through them the learnable parameters) where FlexAttention has a backward
 (CUDA); on CPU in torch 2.13 it is forward only.
 

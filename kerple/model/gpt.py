@@ -1,10 +1,10 @@
-"""GPT-NeoX language model with a pluggable positional embedding (neox-compat §3-4, §6).
+"""GPT-NeoX language model with a pluggable positional embedding (docs/reference-format.md §3-4, §6).
 
 State-dict layout: ``sequential.<N>.<reference key>`` with the reference's pipeline indices
 (0 embedding, 2..L+1 layers, L+3 final norm, L+4 untied head), so the reference's per-layer file
 ``layer_NN-model_00-model_states.pt`` holds exactly the keys under ``sequential.NN.``.
 
-The positional embedding is ONE module shared by all layers (KERPLE §2 of neox-compat: one set of
+The positional embedding is ONE module shared by all layers (docs/reference-format.md §2: one set of
 parameters per model). Where it is registered decides its keys:
 
 * input embeddings (``kind == INPUT``: learned, sinusoidal) are adopted by stage 0, giving
@@ -185,7 +185,7 @@ class GPTModel(nn.Module):
         )
 
     def _init_weights(self, init_method: str, output_layer_init_method: str, std: float) -> None:
-        """neox-compat §4: ``init_method`` for weights, ``output_layer_init_method`` for the output projections."""
+        """docs/reference-format.md §4: ``init_method`` for weights, ``output_layer_init_method`` for the output projections."""
         sizes = {"std": std, "num_layers": self.num_layers, "hidden_size": self.hidden_size}
         init_weight = init_function(init_method, **sizes)
         init_output = init_function(output_layer_init_method, **sizes)
@@ -268,7 +268,7 @@ class GPTModel(nn.Module):
         """Per-token cross entropy ``[b, s]`` (float32; 0 where ``labels == ignore_index``).
 
         The LM head and the loss run on ``chunk_size`` positions at a time, so full-length fp32
-        logits ``[b, s, V]`` never exist (issue 7). Under autograd each chunk is recomputed in the
+        logits ``[b, s, V]`` never exist. Under autograd each chunk is recomputed in the
         backward pass (activation checkpointing) so its logits are not kept either.
         """
         hidden = self.hidden_states(tokens)  # [b, s, h]

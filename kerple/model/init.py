@@ -1,6 +1,6 @@
 """Weight initializations of GPT-NeoX by name (``init_method`` / ``output_layer_init_method``).
 
-neox-compat §4: the 162M model uses ``normal`` N(0, 0.02) for every weight and ``scaled_normal``
+docs/reference-format.md §4: the 162M model uses ``normal`` N(0, 0.02) for every weight and ``scaled_normal``
 N(0, 0.02 / sqrt(2·num_layers)) for the two output projections (``attention.dense``,
 ``mlp.dense_4h_to_h``); biases are zero and LayerNorms are ones/zeros. The other names follow
 GPT-NeoX's ``init_functions``:

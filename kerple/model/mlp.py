@@ -1,4 +1,4 @@
-"""GPT-NeoX feed-forward block and normalization (neox-compat §4)."""
+"""GPT-NeoX feed-forward block and normalization (docs/reference-format.md §4)."""
 
 from __future__ import annotations
 

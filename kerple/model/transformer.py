@@ -1,4 +1,4 @@
-"""The pipeline stages of GPT-NeoX, named as in the reference checkpoints (neox-compat §6).
+"""The pipeline stages of GPT-NeoX, named as in the reference checkpoints (docs/reference-format.md §6).
 
 ``GPTModel.sequential`` holds, by pipeline index ``N``:
 ``0`` :class:`EmbeddingStage`, ``2 .. L+1`` :class:`TransformerLayer`, ``L+3`` :class:`FinalNormStage`,
@@ -49,7 +49,7 @@ class EmbeddingStage(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    """Pre-LN GPT-NeoX layer (neox-compat §4).
+    """Pre-LN GPT-NeoX layer (docs/reference-format.md §4).
 
     Sequential residual: ``x = x + drop(attn(ln1(x)))``; ``x = x + drop(mlp(ln2(x)))``.
     ``gpt_j_residual``: ``x = x + drop(attn(ln1(x)) + mlp(ln2(x)))`` (GPT-J parallel form).

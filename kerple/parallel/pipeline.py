@@ -1,10 +1,10 @@
-"""Pipeline parallelism for :class:`kerple.model.GPTModel` on DeepSpeed's pipeline engine (issue 4).
+"""Pipeline parallelism for :class:`kerple.model.GPTModel` on DeepSpeed's pipeline engine.
 
 :func:`build_pipeline` turns a model that was built whole (so with a given seed every
 ``pipe_parallel_size`` starts from the same weights) into a :class:`GPTPipeline`, a
 ``deepspeed.pipe.PipelineModule`` that keeps only this rank's stages:
 
-* Stage boundaries follow the reference's pipeline indices (neox-compat §6): the layer list is
+* Stage boundaries follow the reference's pipeline indices (docs/reference-format.md §6): the layer list is
   ``0`` embedding, ``1`` parameter-free, ``2..L+1`` transformer layers, ``L+2`` parameter-free,
   ``L+3`` final norm, ``L+4`` LM head, partitioned so each stage holds an equal share of transformer
   layers (GPT-NeoX's ``type:transformer`` partitioning). The local stages are registered under

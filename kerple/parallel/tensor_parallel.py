@@ -1,4 +1,4 @@
-"""Tensor (model) parallelism for :class:`kerple.model.GPTModel` with megatron-core's layers (issue 4).
+"""Tensor (model) parallelism for :class:`kerple.model.GPTModel` with megatron-core's layers.
 
 :func:`parallelize` performs module surgery on a model that was built whole (so with a given seed
 every ``model_parallel_size`` starts from the same weights), keeping this rank's slice:

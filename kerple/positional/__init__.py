@@ -2,7 +2,7 @@
 
 ``build(name, ...)`` is the only entry point the model needs; adding an embedding means one new
 class (see :mod:`kerple.positional.base`) and one line in ``_REGISTRY``. Reference ``pos_emb``
-strings of the GPT-NeoX KERPLE fork (neox-compat §1) resolve through ``_ALIASES``.
+strings of the GPT-NeoX KERPLE fork (docs/reference-format.md §1) resolve through ``_ALIASES``.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from kerple.positional.t5 import T5RelativeBias
 
 _REGISTRY: dict[str, type[PositionalEmbedding]] = {
     "none": NoPositionalEmbedding,  # NoPE, thesis ch. 2
-    "learned": LearnedPositionalEmbedding,  # neox-compat §3
-    "sinusoidal": SinusoidalPositionalEmbedding,  # neox-compat §3
-    "rotary": RotaryEmbedding,  # neox-compat §3
-    "alibi": AlibiBias,  # neox-compat §3, thesis Table 4.1
+    "learned": LearnedPositionalEmbedding,  # docs/reference-format.md §3
+    "sinusoidal": SinusoidalPositionalEmbedding,  # docs/reference-format.md §3
+    "rotary": RotaryEmbedding,  # docs/reference-format.md §3
+    "alibi": AlibiBias,  # docs/reference-format.md §3, thesis Table 4.1
     "rpe": T5RelativeBias,  # T5 bias, KERPLE paper §4
     "kerple_log": KerpleLog,  # KERPLE paper §4 logarithmic
     "kerple_power": KerplePower,  # KERPLE paper §4 power

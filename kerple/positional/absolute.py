@@ -1,7 +1,7 @@
 """Absolute embeddings added to the token embeddings: ``none``, ``learned``, ``sinusoidal``.
 
 References: NoPE (thesis ch. 2, no position information); the learned table and the sinusoidal
-embedding of GPT-NeoX (neox-compat §3; Vaswani et al. 2017 §3.5).
+embedding of GPT-NeoX (docs/reference-format.md §3; Vaswani et al. 2017 §3.5).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class LearnedPositionalEmbedding(PositionalEmbedding):
     """``learned``: a trained table ``nn.Embedding(max_positions, hidden_size)``, init N(0, 0.02).
 
     The submodule is named ``position_embeddings`` so its tensor is ``position_embeddings.weight``,
-    the reference's layer-0 key (neox-compat §6). It lives at the input, hence
+    the reference's layer-0 key (docs/reference-format.md §6). It lives at the input, hence
     ``state_dict_name = None``. The table follows the model's dtype like the word embeddings
     (``keep_fp32 = False``).
     """
@@ -63,7 +63,7 @@ class LearnedPositionalEmbedding(PositionalEmbedding):
 def sinusoidal_table(positions: torch.Tensor, hidden_size: int) -> torch.Tensor:
     """``cat(sin(t * inv_freq), cos(t * inv_freq))`` as float32 ``[*positions.shape, hidden_size]``.
 
-    ``inv_freq = 1 / 10000 ** (arange(0, h, 2) / h)`` (neox-compat §3): the reference's layout puts
+    ``inv_freq = 1 / 10000 ** (arange(0, h, 2) / h)`` (docs/reference-format.md §3): the reference's layout puts
     all sines first and all cosines second rather than interleaving them as Vaswani et al. do.
     """
     if hidden_size % 2:
@@ -74,7 +74,7 @@ def sinusoidal_table(positions: torch.Tensor, hidden_size: int) -> torch.Tensor:
 
 
 class SinusoidalPositionalEmbedding(PositionalEmbedding):
-    """``sinusoidal``: fixed sin/cos embedding added to the token embeddings (neox-compat §3).
+    """``sinusoidal``: fixed sin/cos embedding added to the token embeddings (docs/reference-format.md §3).
 
     No tensors are stored (the reference has no checkpoint key for it); the table is computed in
     fp32 for the requested positions, so any position works.

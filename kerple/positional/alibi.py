@@ -1,12 +1,12 @@
 """``alibi``: attention with linear biases (Press et al. 2022), bias ``-slope_h * d``.
 
-Slopes follow the standard geometric rule (neox-compat §3). The thesis (§4.4, Table 4.1) writes a
+Slopes follow the standard geometric rule (docs/reference-format.md §3). The thesis (§4.4, Table 4.1) writes a
 slope as ``1/2^h`` and studies two variations, exposed here as options:
 
 * ``alibi_slope_shift`` Δ ("shift all h by Δ", §4.4.1): every head's exponent ``h`` is shifted,
   slope ``1/2^(h+Δ)``, i.e. every standard slope is multiplied by ``2^-Δ``. For ``H`` a power of
   two the standard exponents are ``h_n = 8n/H``; for other head counts they are the exponents of
-  the interleaved slopes of neox-compat §3 (``h_n = -log2(standard slope_n)``; H = 12:
+  the interleaved slopes of docs/reference-format.md §3 (``h_n = -log2(standard slope_n)``; H = 12:
   1..8, 0.5, 1.5, 2.5, 3.5). The thesis' runs use H = 12 (Table 4.7), a non-power-of-two count,
   and its §4.6.1 loosely writes ALiBi's exponents as ``n·8/H``; we keep the reference's exact
   slopes and shift each exponent by Δ, the reading that matches "shift h by a fixed amount" for
@@ -27,7 +27,7 @@ from kerple.positional.functional import distance_vector
 
 
 def alibi_slopes(num_heads: int) -> list[float]:
-    """Standard ALiBi slopes for ``num_heads`` heads (neox-compat §3).
+    """Standard ALiBi slopes for ``num_heads`` heads (docs/reference-format.md §3).
 
     Power of two: ``2^(-8n/H)`` for ``n = 1..H``. Otherwise, with ``P = 2^floor(log2 H)``: the
     ``P`` slopes of ``P`` heads followed by every other slope (the 1st, 3rd, ...) of the ``2P``-head

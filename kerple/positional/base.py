@@ -1,12 +1,12 @@
 """The positional-embedding plug-in contract.
 
-A positional embedding can act in three places (see ``../shared/style.md``):
+A positional embedding can act in three places:
 
 * on the token embeddings (``learned``, ``sinusoidal``): :meth:`PositionalEmbedding.embed`;
 * on queries and keys (``rotary``): :meth:`PositionalEmbedding.rotate`;
 * on the *scaled* attention logits (ALiBi, T5, KERPLE, Sandwich, Gaussian-like kernels):
   an additive bias and, for the weight kernels of KERPLE §5.3 / Appendix A.3, a multiplicative
-  logit scale, ``new_scores = scores * logit_scale + bias`` (reference order, neox-compat §3).
+  logit scale, ``new_scores = scores * logit_scale + bias`` (reference order, docs/reference-format.md §3).
 
 Every logit term in this project is a function of the causal distance ``d = i - j >= 0`` between
 query position ``i`` and key position ``j`` only. An embedding therefore describes itself with
@@ -153,7 +153,7 @@ class PositionalEmbedding(nn.Module):
         """Apply ``fn`` (device moves, dtype casts) but keep float32 tensors in float32.
 
         KERPLE parameters are a handful of scalars per head whose small changes matter (the
-        reference keeps them in the fp32 master copy, neox-compat §2); ALiBi slopes, rotary
+        reference keeps them in the fp32 master copy, docs/reference-format.md §2); ALiBi slopes, rotary
         ``inv_freq`` and the like lose precision in bf16. So when ``keep_fp32`` is set, a cast of
         the whole model to bf16/fp16 moves this module to the new device but leaves its float32
         tensors float32 *and unrounded* (the cast result is discarded and the original moved

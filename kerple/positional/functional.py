@@ -12,7 +12,7 @@ def distance_vector(k_len: int, device: torch.device | None = None) -> torch.Ten
     """Causal distances ``0, 1, ..., k_len - 1`` as float32 ``[k_len]``.
 
     Distances are exact in fp32 up to 2**24, far beyond any sequence length used here (the
-    reference builds them in bf16, where integers above 256 are rounded; neox-compat §2).
+    reference builds them in bf16, where integers above 256 are rounded; docs/reference-format.md §2).
     """
     return torch.arange(k_len, device=device, dtype=torch.float32)
 
@@ -22,7 +22,7 @@ def straight_through_clamp(value: torch.Tensor, min: float, max: float | None = 
 
     The reference clamps its KERPLE parameters in place before each forward but, under its bf16
     optimizer, the fp32 master copy is never clamped: the forward sees the clamped value while
-    the gradient is applied unchanged to the unclamped master (neox-compat §2). This reproduces
+    the gradient is applied unchanged to the unclamped master (docs/reference-format.md §2). This reproduces
     that rule without touching the stored parameter. It is written
     ``clamp(value).detach() + (value - value.detach())`` rather than the equivalent
     ``value + (clamp(value) - value).detach()`` because the former is bit-exact in the forward

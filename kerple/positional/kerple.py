@@ -11,12 +11,12 @@ bias kernel; the constant ``c`` of Eq. (3) drops out of the softmax. Variants he
 * ``kerple_wht`` (weight only):               logits * exp(-r1 * d^r2)
 * ``kerple_power_original``: the reference's ALiBi-through-the-power-class (see its class).
 
-Parameters follow the GPT-NeoX KERPLE fork (neox-compat §2): one ``[H, 1, 1]`` tensor per name,
+Parameters follow the GPT-NeoX KERPLE fork (docs/reference-format.md §2): one ``[H, 1, 1]`` tensor per name,
 one set per model shared by all layers, ``*_p`` initialised U(0, 2) and ``*_a`` U(0, 1), created
 in the order ``bias_p, bias_a, wei_p, wei_a`` (so seeded runs draw the same values). The forward
 uses clamped values (every ``a >= 0.01``, power exponents in ``[0.01, 2]``, the log variant's r1
 ``>= 0.01``) with the gradient passed straight through (see :func:`straight_through_clamp`). All
-math is fp32 (the reference uses bf16 distances; neox-compat §2).
+math is fp32 (the reference uses bf16 distances; docs/reference-format.md §2).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``rotary``: rotary position embedding (Su et al. 2021) in GPT-NeoX's layout (neox-compat §3).
+"""``rotary``: rotary position embedding (Su et al. 2021) in GPT-NeoX's layout (docs/reference-format.md §3).
 
 The first ``rotary_ndims = int(head_dim * rotary_pct)`` channels of every query and key are
 rotated; the rest pass through. Within the rotated part the "rotate_half" layout pairs channel

@@ -1,6 +1,6 @@
 """``rpe`` (alias ``t5``): T5 relative position bias, causal buckets (Raffel et al. 2020).
 
-KERPLE paper §4 ("Connection to Prior Work") and neox-compat §3: a learned scalar per (bucket,
+KERPLE paper §4 ("Connection to Prior Work") and docs/reference-format.md §3: a learned scalar per (bucket,
 head); distances below ``num_buckets/2`` get their own bucket, larger ones share log-spaced
 buckets up to ``max_distance``:
 

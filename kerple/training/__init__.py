@@ -1,4 +1,4 @@
-"""Training on DeepSpeed (issue 4): the trainer, NeoX's LR schedule, reference-layout checkpoints.
+"""Training on DeepSpeed: the trainer, NeoX's LR schedule, reference-layout checkpoints.
 
 Public API:
 

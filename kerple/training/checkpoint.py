@@ -1,4 +1,4 @@
-"""Checkpoints in the reference's pipeline layout (neox-compat §6), written atomically.
+"""Checkpoints in the reference's pipeline layout (docs/reference-format.md §6), written atomically.
 
 Layout under the ``save`` directory::
 

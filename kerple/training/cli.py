@@ -1,4 +1,4 @@
-"""Command-line front ends behind ``train.py`` and ``deepy.py`` (issue 4, "Launch").
+"""Command-line front ends behind ``train.py`` and ``deepy.py``.
 
 ``train.py <ymls> [key=value ...] [--dry-run]`` trains in this process (a launcher may start
 several; each reads the same resolved config). ``deepy.py train.py <ymls> [key=value ...]

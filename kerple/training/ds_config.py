@@ -45,7 +45,7 @@ def deepspeed_config(cfg: Any, *, data_parallel_size: int) -> dict[str, Any]:
     """Build the ds_config dict for ``cfg`` on a run with ``data_parallel_size`` replicas.
 
     ``train_batch_size = micro_batch_size * gradient_accumulation_steps * data_parallel_size``
-    (neox-compat §5); DeepSpeed checks the triple again at initialisation.
+    (docs/reference-format.md §5); DeepSpeed checks the triple again at initialisation.
     """
     training = cfg.training
     micro = int(training.micro_batch_size)

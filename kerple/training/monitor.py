@@ -2,7 +2,7 @@
 
 * console: one line every ``log_interval`` steps with loss, lr, tokens/s, step time, ETA and, for
   learnable positional embeddings, the ``metrics()`` statistics (the reference logs the KERPLE
-  parameters every step, neox-compat §2);
+  parameters every step, docs/reference-format.md §2);
 * ``<log_dir>/metrics.jsonl``: every logged record, one JSON object per line, appended on resume;
 * TensorBoard (``torch.utils.tensorboard``) under ``tensorboard_dir`` when set;
 * W&B when ``use_wandb`` is true; ``WANDB_MODE=offline`` (the default here) needs no network.

@@ -1,4 +1,4 @@
-"""Optimizer construction with the reference's parameter groups and defaults (neox-compat §4).
+"""Optimizer construction with the reference's parameter groups and defaults (docs/reference-format.md §4).
 
 The reference's ``optimizer: {type: Adam}`` runs DeepSpeed's ``FusedAdam`` whose default is the
 decoupled (AdamW) update, so ``adam`` and ``adamw`` both build :class:`torch.optim.AdamW` here; the

@@ -1,4 +1,4 @@
-"""What a checkpoint records besides tensors: architecture args and RNG states (neox-compat §6).
+"""What a checkpoint records besides tensors: architecture args and RNG states (docs/reference-format.md §6).
 
 RNG states are stored in a form ``torch.load(weights_only=True)`` accepts: NumPy's state tuple is
 kept under the reference's key ``np_rng_state`` but as a dict of a tensor and plain numbers.
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from kerple.checkpoint.errors import ArchitectureMismatchError
-from kerple.checkpoint.writer import REFERENCE_ARGS  # the reference's ``args`` keys (neox-compat §6)
+from kerple.checkpoint.writer import REFERENCE_ARGS  # the reference's ``args`` keys (docs/reference-format.md §6)
 
 # Fields that change parameter shapes or what the weights mean; a resume must match all of them.
 ARCHITECTURE_FIELDS = (

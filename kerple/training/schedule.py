@@ -1,4 +1,4 @@
-"""Learning-rate schedule of GPT-NeoX's ``AnnealingLR`` (neox-compat §5).
+"""Learning-rate schedule of GPT-NeoX's ``AnnealingLR`` (docs/reference-format.md §5).
 
 The schedule is a function of the number of *completed optimizer steps* ``n``:
 
@@ -29,7 +29,7 @@ DECAY_STYLES = ("linear", "cosine", "constant")
 def annealing_lr(
     step: int, *, lr: float, warmup_iters: float, decay_iters: int, style: str, min_lr: float = 0.0
 ) -> float:
-    """The learning rate after ``step`` completed optimizer steps (neox-compat §5)."""
+    """The learning rate after ``step`` completed optimizer steps (docs/reference-format.md §5)."""
     if style not in DECAY_STYLES:
         raise ValueError(f"lr_decay_style {style!r} is not one of {', '.join(DECAY_STYLES)}")
     if warmup_iters > 0 and step <= warmup_iters:

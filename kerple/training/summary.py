@@ -1,4 +1,4 @@
-"""The one start-up summary block printed before the first step (issue 4, "Launch")."""
+"""The one start-up summary block printed before the first step."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The training loop on a DeepSpeed engine (issue 4).
+"""The training loop on a DeepSpeed engine.
 
 :class:`Trainer` owns one run: datasets, model, optimizer, the NeoX LR schedule, the DeepSpeed
 engine, checkpoints and metrics. ``run_training(cfg)`` wraps it with process-group set-up and

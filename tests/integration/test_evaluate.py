@@ -1,4 +1,4 @@
-"""evaluate.py end to end on a checkpoint that train.py wrote (issue 5)."""
+"""evaluate.py end to end on a checkpoint that train.py wrote."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Two CPU processes (gloo), pipe_parallel_size 2: a 2-stage KERPLE run trains like one process (issue 4).
+"""Two CPU processes (gloo), pipe_parallel_size 2: a 2-stage KERPLE run trains like one process.
 
 The one-process reference run happens in the test process, before the workers start, with the same
 seed, data and LR schedule. The workers train the pipeline, save, check that the shared KERPLE

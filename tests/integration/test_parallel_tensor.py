@@ -1,5 +1,5 @@
 """Two CPU processes (gloo), model_parallel_size 2: logits, loss and gradients match the whole model;
-a TP=2 training run matches TP=1 step by step; checkpoints convert between TP=1 and TP=2 (issue 4).
+a TP=2 training run matches TP=1 step by step; checkpoints convert between TP=1 and TP=2.
 
 The whole-model reference is computed in the same processes from the same seed (single-process
 math); the TP=1 training run happens in the test process, before the workers start.

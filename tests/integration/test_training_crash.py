@@ -1,4 +1,4 @@
-"""kill -9 in the middle of writing a checkpoint leaves the previous one loadable (issue 4 tests)."""
+"""kill -9 in the middle of writing a checkpoint leaves the previous one loadable."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every registered positional embedding trains on CPU: loss falls over 30 steps (issue 4 tests)."""
+"""Every registered positional embedding trains on CPU: loss falls over 30 steps."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Two CPU processes (gloo): data-parallel ZeRO 1 and 2 match one process with the same global batch,
-and a sharded-optimizer checkpoint resumes exactly on two ranks (issue 4 tests)."""
+and a sharded-optimizer checkpoint resumes exactly on two ranks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reference-layout checkpoints built in the tests from the key list of neox-compat §6.
+"""Reference-layout checkpoints built in the tests from the key list of docs/reference-format.md §6.
 
 Nothing here uses ``kerple.checkpoint``: the files are laid out and split the way the reference
 writes them (heads split contiguously over model-parallel ranks, each rank's fused QKV rows
@@ -17,7 +17,7 @@ from kerple.model import build_model
 LAYERS, HIDDEN, HEADS, VOCAB = 2, 32, 4, 64
 HEAD_DIM = HIDDEN // HEADS
 
-# neox-compat §6: per-layer keys of every transformer layer file.
+# docs/reference-format.md §6: per-layer keys of every transformer layer file.
 LAYER_KEYS = (
     "input_layernorm.weight",
     "input_layernorm.bias",

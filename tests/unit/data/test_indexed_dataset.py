@@ -1,4 +1,4 @@
-"""Megatron mmap format: files built here byte by byte from the spec (neox-compat §7) against the
+"""Megatron mmap format: files built here byte by byte from the spec (docs/reference-format.md §7) against the
 writer and the reader, and every corruption the reader must name."""
 
 from __future__ import annotations

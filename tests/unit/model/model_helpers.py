@@ -53,7 +53,7 @@ def reference_forward(
     bias: torch.Tensor | None = None,
     window: int | None = None,
 ) -> torch.Tensor:
-    """GPT-NeoX forward written from neox-compat §3-4 alone, reading weights by reference key.
+    """GPT-NeoX forward written from docs/reference-format.md §3-4 alone, reading weights by reference key.
 
     ``bias`` is a dense ``[H, s, s]`` additive term on the scaled scores (``None``: no term).
     Loops over heads and uses explicit per-head slicing of the fused QKV rows.

@@ -1,4 +1,4 @@
-"""Activation checkpointing (issue 4): recomputing layers in backward leaves loss and gradients unchanged."""
+"""Activation checkpointing: recomputing layers in backward leaves loss and gradients unchanged."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""eager, sdpa and flex compute the same attention for every registered embedding (issue 2)."""
+"""eager, sdpa and flex compute the same attention for every registered embedding."""
 
 from __future__ import annotations
 

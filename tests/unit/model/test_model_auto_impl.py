@@ -1,4 +1,4 @@
-"""``attention_impl: auto`` (issue 7): the choice table, its resolution in the model and the config,
+"""``attention_impl: auto``: the choice table, its resolution in the model and the config,
 ``compile: true`` via :func:`maybe_compile`, and chunked evaluation through FlexAttention."""
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def test_config_accepts_auto_where_a_fixed_kernel_is_refused() -> None:
 
 @pytest.mark.parametrize("name", ["kerple_log", "kerple_bias_wht", "sandwich"])
 def test_chunked_flex_loss_equals_unchunked_eager(name: str) -> None:
-    """Chunked LM head + loss through FlexAttention equals eager full logits (issue 7 correctness)."""
+    """Chunked LM head + loss through FlexAttention equals eager full logits."""
     tokens = torch.randint(0, VOCAB, (2, 300), generator=torch.Generator().manual_seed(0))
     labels = torch.randint(0, VOCAB, (2, 300), generator=torch.Generator().manual_seed(1))
     flex_model = tiny_model(name, impl="flex").eval()

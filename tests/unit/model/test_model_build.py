@@ -50,7 +50,7 @@ def test_build_model_learned_table_size() -> None:
 
 
 def test_initialization_follows_neox() -> None:
-    """N(0, 0.02) weights, N(0, 0.02/sqrt(2L)) output projections, zero biases, unit norms (neox-compat §4)."""
+    """N(0, 0.02) weights, N(0, 0.02/sqrt(2L)) output projections, zero biases, unit norms (docs/reference-format.md §4)."""
     torch.manual_seed(0)
     pe = positional.build("none", num_heads=8, head_dim=32, hidden_size=256, max_positions=64)
     model = GPTModel(num_layers=8, hidden_size=256, num_attention_heads=8, padded_vocab_size=512, positional=pe)

@@ -1,4 +1,4 @@
-"""Evaluation/inference helpers: chunked loss, KV-cached decoding, windowed cache (issues 5-7)."""
+"""Evaluation/inference helpers: chunked loss, KV-cached decoding, windowed cache."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""State-dict keys follow the reference's sequential layout (neox-compat §6)."""
+"""State-dict keys follow the reference's sequential layout (docs/reference-format.md §6)."""
 
 from __future__ import annotations
 

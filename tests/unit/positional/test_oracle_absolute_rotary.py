@@ -1,6 +1,6 @@
 """Oracles for the input and query/key embeddings: learned, sinusoidal, rotary.
 
-Formulas restated with plain Python loops (neox-compat §3); rotary also against HF GPTNeoX.
+Formulas restated with plain Python loops (docs/reference-format.md §3); rotary also against HF GPTNeoX.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import torch
 
 import kerple.positional as positional
 
-# Hand-written slope lists (neox-compat §3).
+# Hand-written slope lists (docs/reference-format.md §3).
 SLOPES_8 = [2.0**-k for k in range(1, 9)]
 SLOPES_12 = [2.0**-k for k in range(1, 9)] + [2.0**-0.5, 2.0**-1.5, 2.0**-2.5, 2.0**-3.5]
 SLOPES_16 = [2.0**-(k / 2) for k in range(1, 17)]

@@ -129,7 +129,7 @@ def test_clamped_values_used_in_forward() -> None:
 
 
 def test_reference_inits() -> None:
-    """U(0, 2) for exponents/outer coefficients, U(0, 1) for a (neox-compat §2)."""
+    """U(0, 2) for exponents/outer coefficients, U(0, 1) for a (docs/reference-format.md §2)."""
     torch.manual_seed(0)
     module = positional.build("kerple_bias_wht", num_heads=4000, head_dim=8, hidden_size=8, max_positions=16)
     for name, high in (("bias_p", 2.0), ("bias_a", 1.0), ("wei_p", 2.0), ("wei_a", 1.0)):

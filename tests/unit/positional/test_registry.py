@@ -29,7 +29,7 @@ REQUIRED_NAMES = {
     "sandwich_smoothed",
 }
 
-# neox-compat §1: every pos_emb string of the reference, plus the short aliases of the issue.
+# docs/reference-format.md §1: every pos_emb string of the reference, plus short aliases.
 REFERENCE_STRINGS = {
     "learned": "learned",
     "rotary": "rotary",

@@ -1,4 +1,4 @@
-"""Checkpoints: reference layout (neox-compat §6), exact resume, atomicity, and refusals."""
+"""Checkpoints: reference layout (docs/reference-format.md §6), exact resume, atomicity, and refusals."""
 
 from __future__ import annotations
 

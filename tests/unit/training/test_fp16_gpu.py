@@ -1,5 +1,5 @@
 """fp16 on a CUDA GPU: DeepSpeed's dynamic loss scaler skips an overflowing step and the trainer
-counts it (issue 4). Skipped without CUDA; fp16 on CPU is refused (test_checkpoint.py)."""
+counts it. Skipped without CUDA; fp16 on CPU is refused (test_checkpoint.py)."""
 
 from __future__ import annotations
 

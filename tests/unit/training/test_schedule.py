@@ -1,4 +1,4 @@
-"""AnnealingLR against the formula of neox-compat §5, restated here independently."""
+"""AnnealingLR against the formula of docs/reference-format.md §5, restated here independently."""
 
 from __future__ import annotations
 
