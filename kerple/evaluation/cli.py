@@ -22,11 +22,14 @@ from typing import Any
 import torch
 
 from kerple.atomic import write_json_atomic as _write_json_atomic
+from kerple.config import load_config, parse_overrides, split_arguments
+from kerple.config.neox_keys import normalize_key
+from kerple.errors import entry_point
 from kerple.evaluation import protocols
+from kerple.evaluation.errors import EvaluationError
 from kerple.evaluation.runner import (
     LengthResult,
     LOGIT_CHUNK_BYTES,
-    EvaluationError,
     available_bytes,
     cache_window_loss_fn,
     dataset_name,
@@ -87,7 +90,7 @@ def write_json_atomic(doc: dict[str, Any], path: str | Path) -> Path:
 
 def _autocast(cfg: Any, device: torch.device) -> contextlib.AbstractContextManager:
     """bf16/fp16 autocast on CUDA when the run trained in that precision; fp32 otherwise."""
-    precision = str(getattr(cfg.precision, "precision", "fp32"))
+    precision = cfg.precision.precision
     if device.type == "cuda" and precision in ("bf16", "fp16"):
         return torch.autocast("cuda", dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
     return contextlib.nullcontext()
@@ -114,12 +117,9 @@ def load_trained_model(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Load config and checkpoint, evaluate every length, write and return the results document."""
-    from kerple.config import load_config, parse_overrides
-    from kerple.config.neox_keys import normalize_key
-
     started = time.perf_counter()
-    yamls = [c for c in args.configs if "=" not in c]
-    overrides = parse_overrides([c for c in args.configs if "=" in c])
+    yamls, override_words = split_arguments(args.configs)
+    overrides = parse_overrides(override_words)
     # Evaluation only, as the reference's train-iters 0 (docs/reference-format.md §5): validation then allows
     # kernels without a CPU backward (flex) and nothing is trained.
     overrides = {k: v for k, v in overrides.items() if normalize_key(k) != "train_iters"}
@@ -129,6 +129,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.attention_window:
         overrides["attention_window"] = args.attention_window
     cfg = load_config(yamls, overrides)
+    if args.cache_window is not None and args.cache_window < 1:
+        raise EvaluationError(f"--cache-window {args.cache_window}: keep at least one key (W >= 1)")
     lengths = parse_lengths(args.eval_lengths)
     longest_input = max(lengths)
     cfg.check_eval_length(longest_input)
@@ -167,7 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         wanted = max(1, min(plan.num_windows, args.tokens_per_batch // plan.input_length))
         batch_sizes.append(fit_batch_size(wanted, estimate, free, length=plan.length, attention_impl=impl))
 
-    loss_fn = model_loss_fn(model) if not args.cache_window else cache_window_loss_fn(model, args.cache_window)
+    loss_fn = model_loss_fn(model) if args.cache_window is None else cache_window_loss_fn(model, args.cache_window)
     results: list[LengthResult] = []
     with _autocast(cfg, device):
         for plan, batch in zip(plans, batch_sizes):
@@ -222,17 +224,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
+@entry_point("evaluate.py")
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``evaluate.py``; exits 2 on bad configs or impossible evaluations."""
-    from kerple.config import ConfigError
-    from kerple.data.errors import DataError
-    from kerple.training.checkpoint import CheckpointError
-
-    args = build_parser().parse_args(argv)
-    try:
-        run(args)
-    except (ConfigError, DataError, CheckpointError, EvaluationError, protocols.ProtocolError, ValueError) as error:
-        print(f"evaluate.py: error: {error}", file=sys.stderr)
-        return 2
+    """Entry point of ``evaluate.py``; returns 2 on bad configs or impossible evaluations."""
+    run(build_parser().parse_args(argv))
     return 0
 
