@@ -1,8 +1,8 @@
 """Derived values and cross-key validation, run once when a :class:`~kerple.config.Config` is built.
 
 The positional registry (:mod:`kerple.positional`) and the attention implementations
-(:mod:`kerple.model.attention`) are imported here, lazily, so that importing the config package
-stays cheap and free of torch.
+(:mod:`kerple.model.attention`) are looked up when a config is validated, not when this module is
+imported, so that tests can stand in for them and the config package does not import the model.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from kerple.config.errors import ConfigError
+from kerple.config.neox_keys import FIELDS
 
 if TYPE_CHECKING:
     from kerple.config.config import Config
@@ -56,7 +57,8 @@ def device_type() -> str:
 
 
 def finalize(cfg: Config) -> None:
-    """Fill the derived values of ``cfg`` and check every cross-key rule (idempotent)."""
+    """Fill the derived values of ``cfg`` and check every field and cross-key rule (idempotent)."""
+    _field_checks(cfg)
     _parallelism(cfg)
     _model(cfg)
     _positional(cfg)
@@ -67,6 +69,17 @@ def finalize(cfg: Config) -> None:
     _data(cfg)
     _training(cfg)
     _logging(cfg)
+
+
+def _field_checks(cfg: Config) -> None:
+    """The ``check`` rule of every field that declares one (``setting(check=...)``)."""
+    for ref in FIELDS:
+        check = ref.metadata["check"]
+        value = getattr(getattr(cfg, ref.section), ref.name)
+        if check is not None and value is not None:
+            problem = check(value)
+            if problem:
+                raise fail(cfg, f"{problem}, got {value}", ref.ident)
 
 
 def _parallelism(cfg: Config) -> None:
@@ -123,8 +136,6 @@ def _positional(cfg: Config) -> None:
             f"unknown positional embedding {name!r}; {hint}known: {', '.join(known)}",
             "positional.pos_emb",
         ) from None
-    if cfg.positional.sandwich_dim % 2:
-        raise fail(cfg, f"must be even, got {cfg.positional.sandwich_dim}", "positional.sandwich_dim")
     if is_learned_absolute(positional_family(cfg)) and cfg.model.seq_length > cfg.model.max_position_embeddings:
         raise fail(
             cfg,
