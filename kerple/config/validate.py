@@ -91,6 +91,58 @@ def _parallelism(cfg: Config) -> None:
             key="zero_optimization.stage",
         )
     cfg.parallelism.zero_stage = stage
+    _pipeline_combinations(cfg)
+    if cfg.parallelism.model_parallel_size > 1 and stage > 0:
+        raise fail(
+            cfg,
+            f"tensor parallelism ({described(cfg, 'parallelism.model_parallel_size', cfg.parallelism.model_parallel_size)}) "
+            f"is supported with ZeRO stage 0 only (the paper's 1.3B setting), not "
+            f"{described(cfg, 'zero_optimization.stage', stage)}; set zero_optimization.stage: 0",
+            "parallelism.model_parallel_size",
+            "zero_optimization.stage",
+        )
+
+
+def _pipeline_combinations(cfg: Config) -> None:
+    """What DeepSpeed's pipeline engine and this project's stage split support."""
+    stages = cfg.parallelism.pipe_parallel_size
+    if stages <= 1:
+        return
+    pipe = described(cfg, "parallelism.pipe_parallel_size", stages)
+    if cfg.parallelism.model_parallel_size > 1:
+        raise fail(
+            cfg,
+            f"tensor and pipeline parallelism together ({pipe}, "
+            f"{described(cfg, 'parallelism.model_parallel_size', cfg.parallelism.model_parallel_size)}) "
+            "are not supported; use one of them",
+            "parallelism.pipe_parallel_size",
+            "parallelism.model_parallel_size",
+        )
+    if cfg.parallelism.zero_stage > 1:
+        raise fail(
+            cfg,
+            f"DeepSpeed's pipeline engine ({pipe}) supports ZeRO stage 0 or 1 only, not "
+            f"{described(cfg, 'zero_optimization.stage', cfg.parallelism.zero_stage)}; "
+            "set zero_optimization.stage: 0 or 1",
+            "parallelism.pipe_parallel_size",
+            "zero_optimization.stage",
+        )
+    if not cfg.model.no_weight_tying:
+        raise fail(
+            cfg,
+            f"pipeline parallelism ({pipe}) needs an untied LM head: a tied head would share the word "
+            "embeddings across the first and last stage; set no_weight_tying: true",
+            "parallelism.pipe_parallel_size",
+            "model.no_weight_tying",
+        )
+    if cfg.model.num_layers < stages:
+        raise fail(
+            cfg,
+            f"{described(cfg, 'model.num_layers', cfg.model.num_layers)} is smaller than {pipe}: every "
+            "pipeline stage needs at least one transformer layer",
+            "model.num_layers",
+            "parallelism.pipe_parallel_size",
+        )
 
 
 def _model(cfg: Config) -> None:

@@ -58,6 +58,13 @@ def test_train_reports_a_config_error(typo: str, capsys: pytest.CaptureFixture) 
     assert typo in line and "'hiden_size'" in line and "did you mean 'hidden_size'" in line
 
 
+def test_train_refuses_a_parallel_combination_when_the_config_loads(capsys: pytest.CaptureFixture) -> None:
+    argv = [*TINY, "pipe_parallel_size=2", "no_weight_tying=false", "--dry-run"]
+    assert training_cli.train_main(argv) == 2
+    line = one_error_line(capsys, "train.py")
+    assert "<command line>" in line and "'pipe_parallel_size' and 'no_weight_tying'" in line
+
+
 def test_deepy_reports_a_config_error(typo: str, capsys: pytest.CaptureFixture) -> None:
     assert training_cli.deepy_main(["train.py", typo]) == 2
     assert typo in one_error_line(capsys, "deepy.py")
