@@ -170,8 +170,7 @@ def positional_family(cfg: Config) -> Any:
 
 def is_learned_absolute(family: Any) -> bool:
     """A learned table added at the input: it has no rows beyond max_position_embeddings."""
-    kind = getattr(family.kind, "value", family.kind)
-    return kind == "input" and bool(family.learnable)
+    return family.kind == "input" and family.learnable
 
 
 def _positional(cfg: Config) -> None:
@@ -226,9 +225,7 @@ def _attention(cfg: Config) -> None:
     family = positional_family(cfg)
     training = cfg.training.train_iters != 0
     attention = importlib.import_module("kerple.model.attention")
-    reason = attention.unsupported_reason(
-        cfg.attention.attention_impl, family.kind, family.learnable, device_type(), training
-    )
+    reason = attention.unsupported_reason(cfg.attention.attention_impl, family.kind, device_type(), training)
     if reason:
         mode = "training" if training else "evaluation"
         raise fail(
