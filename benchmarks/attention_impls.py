@@ -46,7 +46,7 @@ def _time(step, repeats: int, device: torch.device) -> float:
 def measure(name: str, impl: str, length: int, repeats: int, device: torch.device, training: bool) -> float | None:
     """Seconds of one forward (``training=False``) or forward+backward; None when unsupported."""
     family = positional.family(name)
-    if unsupported_reason(impl, family.kind, family.learnable, device.type, training) is not None:
+    if unsupported_reason(impl, family.kind, device.type, training) is not None:
         return None
     model = _model(name, impl, device)
     tokens = torch.randint(0, 512, (1, length + 1), device=device)

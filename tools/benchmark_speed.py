@@ -20,9 +20,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.train_throughput import describe, measure  # noqa: E402
-from kerple.config import ConfigError, parse_overrides  # noqa: E402
+from kerple.config import parse_overrides, split_arguments  # noqa: E402
+from kerple.errors import entry_point  # noqa: E402
 
 
+@entry_point("benchmark_speed.py")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("configs", nargs="+", help="YAML files, then key=value overrides")
@@ -30,14 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args(argv)
-    yamls = [c for c in args.configs if "=" not in c]
+    yamls, overrides = split_arguments(args.configs)
     names = [name.strip() for name in args.pos_emb.split(",") if name.strip()]
-    try:
-        overrides = parse_overrides([c for c in args.configs if "=" in c])
-        run = measure(yamls, overrides, names, steps=args.steps, warmup=args.warmup)
-    except ConfigError as error:
-        print(f"benchmark_speed.py: error: {error}", file=sys.stderr)
-        return 2
+    run = measure(yamls, parse_overrides(overrides), names, steps=args.steps, warmup=args.warmup)
     seconds = {r.pos_emb: r.step_seconds for r in run.results if not r.error}
     width = max(12, *(len(n) + 2 for n in names))
     print(describe(run, yamls))

@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kerple.errors import entry_point
 from kerple.evaluation.compare import compare
 from kerple.evaluation.stats import ALPHA
 
 
+@entry_point("compare_runs.py")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", help="results JSON files written by evaluate.py")
@@ -26,13 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alpha", type=float, default=ALPHA, help="significance level of the t-test")
     parser.add_argument("--output-dir", help="where to write the table and plots (default: beside the results)")
     args = parser.parse_args(argv)
-    try:
-        text, written = compare(
-            args.results, reference=args.reference, fmt=args.format, out_dir=args.output_dir, alpha=args.alpha
-        )
-    except ValueError as error:
-        print(f"compare_runs.py: error: {error}", file=sys.stderr)
-        return 2
+    text, written = compare(
+        args.results, reference=args.reference, fmt=args.format, out_dir=args.output_dir, alpha=args.alpha
+    )
     print(text)
     for path in written:
         print(f"wrote {path}", file=sys.stderr)

@@ -29,6 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kerple.errors import entry_point  # noqa: E402
+
 PYTHON = sys.executable
 POS_EMBS = ("kerple_log", "kerple_power", "alibi", "rpe", "rotary", "sinusoidal", "sandwich")
 KERNEL_EMBS = ("kerple_log", "kerple_power", "alibi", "rpe", "sandwich")
@@ -181,7 +185,7 @@ class Runner:
 
 def figures(args: argparse.Namespace, data: DemoData, names: list[str]) -> list[Path]:
     """Position-wise perplexity at 16x, learned kernels and effective lengths (§5.4, §5.5, A.5)."""
-    from kerple.config import load_config, parse_overrides
+    from kerple.config import load_config, parse_overrides, split_arguments
     from kerple.evaluation import plots
     from kerple.evaluation.cli import load_trained_model
     from kerple.evaluation.stats import display_name
@@ -200,7 +204,7 @@ def figures(args: argparse.Namespace, data: DemoData, names: list[str]) -> list[
     effective = {}
     for name in [n for n in KERNEL_EMBS if n in names]:
         arguments = config_args(name, args, data)
-        yamls, overrides = [a for a in arguments if "=" not in a], [a for a in arguments if "=" in a]
+        yamls, overrides = split_arguments(arguments)
         cfg = load_config([str(ROOT / y) for y in yamls], parse_overrides(overrides))
         model, _, iteration = load_trained_model(cfg, str(ROOT / args.runs / name))
         table = plots.bias_table(model.positional)
@@ -233,6 +237,7 @@ def qualitative_check(args: argparse.Namespace, names: list[str]) -> bool:
     return all(ok for _, ok in checks)
 
 
+@entry_point("demo.py")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()

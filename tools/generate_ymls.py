@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     needed = [model_file] + [f"configs/pe/{pe}.yml" for pe in args.pe] + [f"configs/data/{d}.yml" for d in args.data]
     missing = [path for path in needed if not (REPO / path).is_file()]
     if missing:
-        print(f"error: missing config files: {', '.join(missing)}", file=sys.stderr)
+        print(f"generate_ymls.py: error: missing config files: {', '.join(missing)}", file=sys.stderr)
         return 2
     out = Path(args.out)
     commands = []

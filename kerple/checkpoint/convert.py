@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def convert(args: argparse.Namespace) -> Path:
     """Run one conversion; returns the written directory."""
-    from kerple.config import load_config, parse_overrides
+    from kerple.config import load_config, parse_overrides, split_arguments
 
     source = Path(args.source)
     if (source / "model.safetensors").is_file():
@@ -132,8 +132,8 @@ def convert(args: argparse.Namespace) -> Path:
         ckpt = read_checkpoint(source, args.iteration, trust=args.trust_checkpoint)
         state, iteration = ckpt.state_dict, ckpt.iteration
         source_config = config_from_checkpoint(ckpt)
-    yamls = [item for item in args.config if "=" not in item]
-    overrides = parse_overrides([item for item in args.config if "=" in item])
+    yamls, override_words = split_arguments(args.config)
+    overrides = parse_overrides(override_words)
     if yamls or overrides:
         cfg = load_config(yamls, overrides)
         if ckpt is not None:

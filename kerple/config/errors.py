@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kerple.errors import KerpleError
+
 COMMAND_LINE = "<command line>"
 """Source label of values that came from ``key=value`` overrides."""
 
@@ -9,11 +11,11 @@ DEFAULT = "<default>"
 """Source label of values nobody set (the dataclass default)."""
 
 
-class ConfigError(ValueError):
+class ConfigError(KerpleError, ValueError):
     """A configuration that cannot be used, with the file and the key at fault.
 
     ``str(error)`` reads ``"<file>: key '<key>': <message>"``; entry points print it and exit with
-    status 2 (:func:`kerple.config.cli_load`). ``file`` may list several files when the problem
+    status 2 (:func:`kerple.errors.entry_point`). ``file`` may list several files when the problem
     is a combination of keys set in different places.
     """
 

@@ -2,8 +2,8 @@
 
 Every section field is declared with :func:`setting`, which records in the dataclass field's
 ``metadata`` the help text, the YAML keys that set it, whether it has an effect in this project,
-and numeric bounds. The loader, the validation and the generated reference page
-(``docs/config.md``) all read this one description.
+numeric bounds and any further check. The loader, the validation and the generated reference
+page (``docs/config.md``) all read this one description.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, Literal, Union
 
 
@@ -23,6 +24,7 @@ def setting(
     effect: bool = True,
     minimum: float | None = None,
     maximum: float | None = None,
+    check: Callable[[Any], str | None] | None = None,
     derived: bool = False,
 ) -> Any:
     """Declare a section field.
@@ -36,6 +38,8 @@ def setting(
         effect: ``False`` for keys accepted only so that reference configs load; they are kept
             in the config and listed as "no effect" on the reference page.
         minimum, maximum: inclusive bounds checked for numbers.
+        check: a rule bounds cannot express, ``value -> what is wrong`` (``"must be even"``) or
+            ``None``; run on the merged value (never ``None``) when the config is validated.
         derived: computed after loading; not settable from a file.
     """
     metadata = {
@@ -44,6 +48,7 @@ def setting(
         "effect": effect,
         "minimum": minimum,
         "maximum": maximum,
+        "check": check,
         "derived": derived,
     }
     if isinstance(default, (list, dict)):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -163,20 +162,11 @@ def load_config(paths: Sequence[str | os.PathLike], overrides: Mapping[str, Any]
 
 
 def split_arguments(arguments: Iterable[str]) -> tuple[list[str], list[str]]:
-    """Split command-line words into YAML paths and ``key=value`` overrides (words with ``=``)."""
+    """Split command-line words into YAML paths and ``key=value`` overrides (words with ``=``),
+    each in the order given; every entry point reads its config arguments this way."""
     paths: list[str] = []
     overrides: list[str] = []
     for word in arguments:
         (overrides if "=" in word else paths).append(word)
     return paths, overrides
 
-
-def cli_load(paths: Sequence[str | os.PathLike], overrides: Iterable[str] | Mapping[str, Any] | None = None) -> Config:
-    """:func:`load_config` for entry points: on a :class:`ConfigError` print it to stderr and
-    exit with status 2. ``overrides`` may be ``key=value`` strings or a parsed dict."""
-    try:
-        parsed = overrides if overrides is None or isinstance(overrides, Mapping) else parse_overrides(overrides)
-        return load_config(paths, parsed)
-    except ConfigError as error:
-        print(f"config error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None

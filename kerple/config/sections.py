@@ -4,14 +4,18 @@ Each field is one YAML key (its name, unless ``keys`` in :func:`~kerple.config.f
 says otherwise; dashes and underscores are alike). Defaults are the paper's 162M setup
 (docs/reference-format.md §4) where the reference has no default, the reference's default otherwise; precision
 defaults to fp32 so that a config without an ``fp16``/``bf16`` block runs on a CPU.
-Fields marked ``derived`` are filled after loading and cannot be set from a file.
+Fields marked ``derived`` are filled after loading and cannot be set from a file. The
+``positional`` section's options are not declared here but beside their families
+(:mod:`kerple.positional.options`), from which :func:`positional_section` builds it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kerple import positional
 from kerple.config.fields import setting
 
 INIT_METHODS = Literal[
@@ -91,38 +95,32 @@ class ModelConfig:
     )
 
 
-@dataclass
-class PositionalConfig:
-    """The positional embedding and its options (passed to ``kerple.positional.build``)."""
+def _positional_options(self: Any) -> dict[str, Any]:
+    """Every option except ``pos_emb``, as keyword arguments for ``kerple.positional.build``."""
+    return {field.name: getattr(self, field.name) for field in dataclasses.fields(self) if field.name != "pos_emb"}
 
-    pos_emb: str = setting(
+
+def positional_section(specs: tuple[positional.OptionSpec, ...]) -> type:
+    """The ``positional`` section: ``pos_emb`` plus one field per declared option (its name is the
+    YAML key; type, default, bounds, check and help as declared), and ``options()``."""
+    pos_emb = setting(
         "learned",
         "Positional embedding name from the kerple.positional registry; reference spellings "
         "(t5, kerple_power_ap_, ...) are accepted and stored as the canonical name.",
     )
-    rotary_pct: float = setting(1.0, "Fraction of each head's dimensions rotated (rotary).", minimum=0.0, maximum=1.0)
-    rotary_emb_base: float = setting(10000.0, "Base of the rotary frequencies.", minimum=1.0)
-    alibi_slope_shift: float = setting(
-        0.0, "Shift added to every ALiBi slope exponent: slope 1/2^(h + shift) instead of 1/2^h (thesis Table 4.1)."
+    fields: list[tuple[str, Any, Any]] = [("pos_emb", str, pos_emb)]
+    for spec in specs:
+        declared = setting(spec.default, spec.help, minimum=spec.minimum, maximum=spec.maximum, check=spec.check)
+        fields.append((spec.name, spec.hint, declared))
+    doc = "The positional embedding and its options (passed to ``kerple.positional.build``)."
+    section = dataclasses.make_dataclass(
+        "PositionalConfig", fields, namespace={"__doc__": doc, "options": _positional_options}
     )
-    alibi_equal_slope: int | None = setting(
-        None, "If set to h, every ALiBi head gets the same slope 1/2^h (thesis Table 4.1)."
-    )
-    sandwich_dim: int = setting(128, "Sandwich dimension d-bar (thesis 4.6); even.", minimum=2)
-    rpe_num_buckets: int = setting(32, "T5 relative-position buckets.", minimum=2)
-    rpe_max_distance: int = setting(128, "T5 distance beyond which buckets saturate.", minimum=1)
+    section.__module__ = __name__
+    return section
 
-    def options(self) -> dict[str, Any]:
-        """Every option except ``pos_emb``, as keyword arguments for ``kerple.positional.build``."""
-        return {
-            "rotary_pct": self.rotary_pct,
-            "rotary_emb_base": self.rotary_emb_base,
-            "alibi_slope_shift": self.alibi_slope_shift,
-            "alibi_equal_slope": self.alibi_equal_slope,
-            "sandwich_dim": self.sandwich_dim,
-            "rpe_num_buckets": self.rpe_num_buckets,
-            "rpe_max_distance": self.rpe_max_distance,
-        }
+
+PositionalConfig = positional_section(positional.option_specs())
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Derived values and cross-key validation, run once when a :class:`~kerple.config.Config` is built.
 
 The positional registry (:mod:`kerple.positional`) and the attention implementations
-(:mod:`kerple.model.attention`) are imported here, lazily, so that importing the config package
-stays cheap and free of torch.
+(:mod:`kerple.model.attention`) are looked up when a config is validated, not when this module is
+imported, so that tests can stand in for them and the config package does not import the model.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from kerple.config.errors import ConfigError
+from kerple.config.neox_keys import FIELDS
 
 if TYPE_CHECKING:
     from kerple.config.config import Config
@@ -56,7 +57,8 @@ def device_type() -> str:
 
 
 def finalize(cfg: Config) -> None:
-    """Fill the derived values of ``cfg`` and check every cross-key rule (idempotent)."""
+    """Fill the derived values of ``cfg`` and check every field and cross-key rule (idempotent)."""
+    _field_checks(cfg)
     _parallelism(cfg)
     _model(cfg)
     _positional(cfg)
@@ -69,6 +71,17 @@ def finalize(cfg: Config) -> None:
     _logging(cfg)
 
 
+def _field_checks(cfg: Config) -> None:
+    """The ``check`` rule of every field that declares one (``setting(check=...)``)."""
+    for ref in FIELDS:
+        check = ref.metadata["check"]
+        value = getattr(getattr(cfg, ref.section), ref.name)
+        if check is not None and value is not None:
+            problem = check(value)
+            if problem:
+                raise fail(cfg, f"{problem}, got {value}", ref.ident)
+
+
 def _parallelism(cfg: Config) -> None:
     stage = cfg.parallelism.zero_optimization.get("stage", 0)
     if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
@@ -78,6 +91,58 @@ def _parallelism(cfg: Config) -> None:
             key="zero_optimization.stage",
         )
     cfg.parallelism.zero_stage = stage
+    _pipeline_combinations(cfg)
+    if cfg.parallelism.model_parallel_size > 1 and stage > 0:
+        raise fail(
+            cfg,
+            f"tensor parallelism ({described(cfg, 'parallelism.model_parallel_size', cfg.parallelism.model_parallel_size)}) "
+            f"is supported with ZeRO stage 0 only (the paper's 1.3B setting), not "
+            f"{described(cfg, 'zero_optimization.stage', stage)}; set zero_optimization.stage: 0",
+            "parallelism.model_parallel_size",
+            "zero_optimization.stage",
+        )
+
+
+def _pipeline_combinations(cfg: Config) -> None:
+    """What DeepSpeed's pipeline engine and this project's stage split support."""
+    stages = cfg.parallelism.pipe_parallel_size
+    if stages <= 1:
+        return
+    pipe = described(cfg, "parallelism.pipe_parallel_size", stages)
+    if cfg.parallelism.model_parallel_size > 1:
+        raise fail(
+            cfg,
+            f"tensor and pipeline parallelism together ({pipe}, "
+            f"{described(cfg, 'parallelism.model_parallel_size', cfg.parallelism.model_parallel_size)}) "
+            "are not supported; use one of them",
+            "parallelism.pipe_parallel_size",
+            "parallelism.model_parallel_size",
+        )
+    if cfg.parallelism.zero_stage > 1:
+        raise fail(
+            cfg,
+            f"DeepSpeed's pipeline engine ({pipe}) supports ZeRO stage 0 or 1 only, not "
+            f"{described(cfg, 'zero_optimization.stage', cfg.parallelism.zero_stage)}; "
+            "set zero_optimization.stage: 0 or 1",
+            "parallelism.pipe_parallel_size",
+            "zero_optimization.stage",
+        )
+    if not cfg.model.no_weight_tying:
+        raise fail(
+            cfg,
+            f"pipeline parallelism ({pipe}) needs an untied LM head: a tied head would share the word "
+            "embeddings across the first and last stage; set no_weight_tying: true",
+            "parallelism.pipe_parallel_size",
+            "model.no_weight_tying",
+        )
+    if cfg.model.num_layers < stages:
+        raise fail(
+            cfg,
+            f"{described(cfg, 'model.num_layers', cfg.model.num_layers)} is smaller than {pipe}: every "
+            "pipeline stage needs at least one transformer layer",
+            "model.num_layers",
+            "parallelism.pipe_parallel_size",
+        )
 
 
 def _model(cfg: Config) -> None:
@@ -105,8 +170,7 @@ def positional_family(cfg: Config) -> Any:
 
 def is_learned_absolute(family: Any) -> bool:
     """A learned table added at the input: it has no rows beyond max_position_embeddings."""
-    kind = getattr(family.kind, "value", family.kind)
-    return kind == "input" and bool(family.learnable)
+    return family.kind == "input" and family.learnable
 
 
 def _positional(cfg: Config) -> None:
@@ -123,8 +187,6 @@ def _positional(cfg: Config) -> None:
             f"unknown positional embedding {name!r}; {hint}known: {', '.join(known)}",
             "positional.pos_emb",
         ) from None
-    if cfg.positional.sandwich_dim % 2:
-        raise fail(cfg, f"must be even, got {cfg.positional.sandwich_dim}", "positional.sandwich_dim")
     if is_learned_absolute(positional_family(cfg)) and cfg.model.seq_length > cfg.model.max_position_embeddings:
         raise fail(
             cfg,
@@ -163,9 +225,7 @@ def _attention(cfg: Config) -> None:
     family = positional_family(cfg)
     training = cfg.training.train_iters != 0
     attention = importlib.import_module("kerple.model.attention")
-    reason = attention.unsupported_reason(
-        cfg.attention.attention_impl, family.kind, family.learnable, device_type(), training
-    )
+    reason = attention.unsupported_reason(cfg.attention.attention_impl, family.kind, device_type(), training)
     if reason:
         mode = "training" if training else "evaluation"
         raise fail(

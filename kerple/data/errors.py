@@ -1,8 +1,10 @@
 """The one exception type of `kerple.data`: every message names the file (or URL) and the problem."""
 
+from kerple.errors import KerpleError
 
-class DataError(Exception):
+
+class DataError(KerpleError):
     """A corpus, tokenizer or indexed-dataset file is missing, unreadable or malformed.
 
-    Entry points print the message and exit with a non-zero status; nothing half-written is left.
+    Entry points print the message and exit with status 2; nothing half-written is left.
     """

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from kerple.data.errors import DataError
+from kerple.errors import entry_point
 from kerple.data.gpt2_dataset import split_boundaries
 from kerple.data.fetch import ensure_standard_tokenizer, write_atomic
 from kerple.data.indexed_dataset import IndexedDatasetWriter, MMapIndexedDataset, best_fitting_dtype, dataset_exists
@@ -339,13 +340,11 @@ def run(argv: list[str] | None = None) -> PrepareResult | dict[str, Any]:
     return result
 
 
+@entry_point("prepare_data.py")
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: exit status 0, 1 on a data error (message on stderr), 130 on Ctrl-C."""
+    """Entry point: exit status 0, 2 on a data error (one line on stderr), 130 on Ctrl-C."""
     try:
         run(argv)
-    except DataError as error:
-        print(f"prepare_data.py: error: {error}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print("prepare_data.py: interrupted; no partial output was kept", file=sys.stderr)
         return 130

@@ -22,11 +22,14 @@ from typing import Any
 import torch
 
 from kerple.atomic import write_json_atomic as _write_json_atomic
+from kerple.config import load_config, parse_overrides, split_arguments
+from kerple.config.neox_keys import normalize_key
+from kerple.errors import entry_point
 from kerple.evaluation import protocols
+from kerple.evaluation.errors import EvaluationError
 from kerple.evaluation.runner import (
     LengthResult,
     LOGIT_CHUNK_BYTES,
-    EvaluationError,
     available_bytes,
     cache_window_loss_fn,
     dataset_name,
@@ -87,7 +90,7 @@ def write_json_atomic(doc: dict[str, Any], path: str | Path) -> Path:
 
 def _autocast(cfg: Any, device: torch.device) -> contextlib.AbstractContextManager:
     """bf16/fp16 autocast on CUDA when the run trained in that precision; fp32 otherwise."""
-    precision = str(getattr(cfg.precision, "precision", "fp32"))
+    precision = cfg.precision.precision
     if device.type == "cuda" and precision in ("bf16", "fp16"):
         return torch.autocast("cuda", dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
     return contextlib.nullcontext()
@@ -112,14 +115,11 @@ def load_trained_model(
     return model.eval(), str(load_dir), loaded
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Load config and checkpoint, evaluate every length, write and return the results document."""
-    from kerple.config import load_config, parse_overrides
-    from kerple.config.neox_keys import normalize_key
-
-    started = time.perf_counter()
-    yamls = [c for c in args.configs if "=" not in c]
-    overrides = parse_overrides([c for c in args.configs if "=" in c])
+def evaluation_config(args: argparse.Namespace) -> tuple[Any, list[str], dict[str, Any]]:
+    """The config of ``args.configs`` for evaluation only, with the command line's attention
+    settings; returns (config, YAML files, overrides applied)."""
+    yamls, override_words = split_arguments(args.configs)
+    overrides = parse_overrides(override_words)
     # Evaluation only, as the reference's train-iters 0 (docs/reference-format.md §5): validation then allows
     # kernels without a CPU backward (flex) and nothing is trained.
     overrides = {k: v for k, v in overrides.items() if normalize_key(k) != "train_iters"}
@@ -128,27 +128,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         overrides["attention_impl"] = args.attention_impl
     if args.attention_window:
         overrides["attention_window"] = args.attention_window
-    cfg = load_config(yamls, overrides)
-    lengths = parse_lengths(args.eval_lengths)
-    longest_input = max(lengths)
-    cfg.check_eval_length(longest_input)
+    return load_config(yamls, overrides), yamls, overrides
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model, load_dir, iteration = load_trained_model(cfg, args.load, args.iteration, trust=args.trust_checkpoint)
-    model.to(device).eval()
 
-    stream = load_split_stream(cfg, args.split)
-    plans = protocols.build_plans(
-        args.protocol,
-        len(stream),
-        lengths,
-        stride=args.stride,
-        num_tokens=args.num_tokens,
-        num_windows=args.num_windows,
-    )
+def fit_batches(
+    model: torch.nn.Module, cfg: Any, plans: list[protocols.WindowPlan], device: torch.device, tokens_per_batch: int
+) -> tuple[list[int], list[str]]:
+    """Windows per forward and attention implementation of every plan; refuses (``EvaluationError``)
+    before any length is scored when one does not fit in the free memory."""
     free = available_bytes(device)
     batch_sizes, impls = [], []
-    for plan in plans:  # refuse before spending time on the shorter lengths
+    for plan in plans:
         # `auto` resolves per length and device, exactly as the model will at forward time.
         impl = model.resolve_attention_impl(device.type, False, plan.input_length)
         impls.append(impl)
@@ -164,37 +154,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 logit_chunk=max(1, LOGIT_CHUNK_BYTES // (4 * cfg.model.padded_vocab_size * batch)),
             )
 
-        wanted = max(1, min(plan.num_windows, args.tokens_per_batch // plan.input_length))
+        wanted = max(1, min(plan.num_windows, tokens_per_batch // plan.input_length))
         batch_sizes.append(fit_batch_size(wanted, estimate, free, length=plan.length, attention_impl=impl))
+    return batch_sizes, impls
 
-    loss_fn = model_loss_fn(model) if not args.cache_window else cache_window_loss_fn(model, args.cache_window)
-    results: list[LengthResult] = []
-    with _autocast(cfg, device):
-        for plan, batch in zip(plans, batch_sizes):
-            results.append(
-                evaluate_plan(
-                    loss_fn,
-                    stream,
-                    plan,
-                    batch_size=batch,
-                    per_position=args.per_position,
-                    device=device,
-                    progress=not args.no_progress,
-                )
-            )
-            print(f"L={plan.length}: loss {results[-1].loss:.4f}  ppl {results[-1].ppl:.3f}", file=sys.stderr)
 
-    doc = {
+def results_document(
+    args: argparse.Namespace,
+    cfg: Any,
+    *,
+    run: dict[str, Any],
+    impl_per_length: dict[int, str],
+    stream_tokens: int,
+    device: torch.device,
+    results: list[LengthResult],
+    seconds: float,
+) -> dict[str, Any]:
+    """The ``results.json`` document (format :data:`RESULTS_FORMAT`); ``run`` holds the
+    checkpoint's ``iteration`` and ``load`` folder and the ``configs`` and ``overrides`` used."""
+    return {
         "format": RESULTS_FORMAT,
         "run": {
             "pos_emb": cfg.positional.pos_emb,
             "dataset": dataset_name(cfg),
             "seed": cfg.training.seed,
             "train_seq_length": cfg.model.seq_length,
-            "iteration": iteration,
-            "load": str(load_dir),
-            "configs": yamls,
-            "overrides": {k: v for k, v in overrides.items()},
+            **run,
         },
         "protocol": {
             "name": args.protocol,
@@ -203,36 +188,69 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "num_tokens": args.num_tokens,
             "num_windows": args.num_windows,
             "attention_impl": cfg.attention.attention_impl,
-            "attention_impl_per_length": dict(zip((p.length for p in plans), impls)),
+            "attention_impl_per_length": impl_per_length,
             "cache_window": args.cache_window,
             "attention_window": cfg.attention.attention_window,
-            "stream_tokens": int(len(stream)),
+            "stream_tokens": stream_tokens,
         },
         "environment": {
             "device": str(device),
             "torch": torch.__version__,
             "python": platform.python_version(),
-            "seconds": time.perf_counter() - started,
+            "seconds": seconds,
         },
         "results": [r.to_json() for r in results],
     }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Load config and checkpoint, evaluate every length, write and return the results document."""
+    started = time.perf_counter()
+    cfg, yamls, overrides = evaluation_config(args)
+    if args.cache_window is not None and args.cache_window < 1:
+        raise EvaluationError(f"--cache-window {args.cache_window}: keep at least one key (W >= 1)")
+    lengths = parse_lengths(args.eval_lengths)
+    cfg.check_eval_length(max(lengths))
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model, load_dir, iteration = load_trained_model(cfg, args.load, args.iteration, trust=args.trust_checkpoint)
+    model.to(device).eval()
+    stream = load_split_stream(cfg, args.split)
+    plans = protocols.build_plans(
+        args.protocol, len(stream), lengths, stride=args.stride, num_tokens=args.num_tokens, num_windows=args.num_windows
+    )
+    batch_sizes, impls = fit_batches(model, cfg, plans, device, args.tokens_per_batch)
+
+    loss_fn = model_loss_fn(model) if args.cache_window is None else cache_window_loss_fn(model, args.cache_window)
+    results: list[LengthResult] = []
+    with _autocast(cfg, device):
+        for plan, batch in zip(plans, batch_sizes):
+            result = evaluate_plan(
+                loss_fn, stream, plan, batch_size=batch, per_position=args.per_position, device=device,
+                progress=not args.no_progress,
+            )
+            results.append(result)
+            print(f"L={plan.length}: loss {result.loss:.4f}  ppl {result.ppl:.3f}", file=sys.stderr)
+
+    doc = results_document(
+        args,
+        cfg,
+        run={"iteration": iteration, "load": str(load_dir), "configs": yamls, "overrides": dict(overrides)},
+        impl_per_length=dict(zip((p.length for p in plans), impls)),
+        stream_tokens=int(len(stream)),
+        device=device,
+        results=results,
+        seconds=time.perf_counter() - started,
+    )
     write_json_atomic(doc, args.output)
     print(format_table(results))
     print(f"wrote {args.output}")
     return doc
 
 
+@entry_point("evaluate.py")
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``evaluate.py``; exits 2 on bad configs or impossible evaluations."""
-    from kerple.config import ConfigError
-    from kerple.data.errors import DataError
-    from kerple.training.checkpoint import CheckpointError
-
-    args = build_parser().parse_args(argv)
-    try:
-        run(args)
-    except (ConfigError, DataError, CheckpointError, EvaluationError, protocols.ProtocolError, ValueError) as error:
-        print(f"evaluate.py: error: {error}", file=sys.stderr)
-        return 2
+    """Entry point of ``evaluate.py``; returns 2 on bad configs or impossible evaluations."""
+    run(build_parser().parse_args(argv))
     return 0
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kerple.atomic import write_text_atomic
+from kerple.evaluation.errors import EvaluationError
 from kerple.evaluation.plots import plot_ppl_vs_length
 from kerple.evaluation.stats import ALPHA, Table, build_tables, display_name, load_run, render
 
@@ -58,7 +59,7 @@ def compare(
     tables = build_tables(runs, reference=reference, alpha=alpha)
     if not any(reference in table.variants for table in tables):
         found = sorted({run.variant for run in runs})
-        raise ValueError(f"reference {reference!r} is not among the runs ({', '.join(found)})")
+        raise EvaluationError(f"reference {reference!r} is not among the runs ({', '.join(found)})")
     text = render(tables, fmt, alpha)
     folder = Path(out_dir) if out_dir is not None else Path(paths[0]).parent
     written = [write_text_atomic(folder / f"comparison.{EXTENSIONS[fmt]}", text)]

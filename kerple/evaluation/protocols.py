@@ -25,11 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kerple.evaluation.errors import ProtocolError
+
 PROTOCOLS = ("nonoverlap", "sliding", "last_token")
-
-
-class ProtocolError(ValueError):
-    """A protocol cannot be laid out on the stream with the requested settings."""
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from kerple.evaluation.errors import EvaluationError
 from kerple.evaluation.protocols import WindowPlan
 
 # (tokens [b, n], labels [b, n], first) -> per-token loss [b, n - first] of positions first .. n - 1
@@ -29,10 +30,6 @@ LossFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 SPLITS = ("train", "valid", "test")
 LOGIT_CHUNK_BYTES = 256 * 2**20  # budget for one chunk of fp32 logits in chunked_loss
 MEMORY_HEADROOM = 0.9  # refuse when the estimate exceeds this fraction of the free memory
-
-
-class EvaluationError(RuntimeError):
-    """The evaluation cannot run as asked (memory, lengths, data); the message says why."""
 
 
 @dataclass

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as scipy_stats
 
+from kerple.evaluation.errors import EvaluationError
+
 ALPHA = 0.05
 DAGGER = "†"
 
@@ -51,13 +53,13 @@ class RunResult:
 
 
 def load_run(path: str | Path) -> RunResult:
-    """Read one ``results.json``; raises ``ValueError`` naming the file when it is not one."""
+    """Read one ``results.json``; raises :class:`EvaluationError` naming the file when it is not one."""
     try:
         doc = json.loads(Path(path).read_text())
         run, protocol = doc["run"], doc["protocol"]
         ppl = {int(row["length"]): float(row["ppl"]) for row in doc["results"]}
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: not an evaluate.py results file ({exc})") from exc
+        raise EvaluationError(f"{path}: not an evaluate.py results file ({exc})") from exc
     variant = str(run["pos_emb"])
     if protocol.get("attention_window"):
         variant += f"-windowed@{protocol['attention_window']}"

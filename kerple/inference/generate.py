@@ -12,14 +12,19 @@ keeps the last W keys/values (thesis §4.9.2). Temperature 0 is greedy decoding.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 from torch import nn
 
+from kerple.config import load_config, parse_overrides, split_arguments
+from kerple.errors import KerpleError, entry_point
 from kerple.positional.base import PositionKind
+
+
+class GenerationError(KerpleError):
+    """The generation asked for cannot run (prompt, length or cache window); the message says why."""
 
 
 def sample_next(
@@ -54,10 +59,10 @@ def sample_next(
 
 
 def _check_length(model: nn.Module, total: int) -> None:
-    positional = getattr(model, "positional", None)
-    if positional is not None and positional.kind == PositionKind.INPUT and positional.learnable:
+    positional = model.positional
+    if positional.kind == PositionKind.INPUT and positional.learnable:
         if total > positional.max_positions:
-            raise ValueError(
+            raise GenerationError(
                 f"cannot generate {total} positions with a learned position table of {positional.max_positions} rows"
             )
 
@@ -90,7 +95,7 @@ def generate(
     model.eval()
     sequence = prompt
     finished = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
-    saved_window = getattr(model, "attention_window", None)
+    saved_window = model.attention_window
     cache = model.new_cache(window=cache_window) if use_cache else None
     try:
         if not use_cache and cache_window is not None:
@@ -160,12 +165,13 @@ def load_any(model: nn.Module, path: str | Path, iteration: int | None, cfg: Any
 
 def run(args: argparse.Namespace) -> str:
     """Load config, weights and tokenizer; return the generated text (prompt included)."""
-    from kerple.config import load_config, parse_overrides
     from kerple.data.tokenizers import build_tokenizer
     from kerple.model import build_model
 
-    yamls = [item for item in args.configs if "=" not in item]
-    cfg = load_config(yamls, parse_overrides([item for item in args.configs if "=" in item]))
+    if args.cache_window is not None and args.cache_window < 1:
+        raise GenerationError(f"--cache-window {args.cache_window}: keep at least one key (W >= 1)")
+    yamls, overrides = split_arguments(args.configs)
+    cfg = load_config(yamls, parse_overrides(overrides))
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = build_model(cfg, flex_compile=False)
     load_any(model, args.load, args.iteration, cfg, args.trust_checkpoint)
@@ -174,7 +180,7 @@ def run(args: argparse.Namespace) -> str:
     tokenizer = build_tokenizer(data.tokenizer_type, data.vocab_file, data.merge_file, data.tokenizer_file)
     ids = tokenizer.tokenize(args.prompt)
     if not ids:
-        raise ValueError("the prompt tokenizes to no tokens")
+        raise GenerationError(f"--prompt {args.prompt!r} tokenizes to no tokens; give some text")
     generator = torch.Generator(device=device).manual_seed(args.seed)
     output = generate(
         model,
@@ -191,15 +197,8 @@ def run(args: argparse.Namespace) -> str:
     return tokenizer.detokenize(output[0].tolist())
 
 
+@entry_point("generate.py")
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``generate.py``; prints the text, or the error and exits with 2."""
-    from kerple.checkpoint.errors import CheckpointError
-    from kerple.config import ConfigError
-
-    args = build_parser().parse_args(argv)
-    try:
-        print(run(args))
-    except (ConfigError, CheckpointError, ValueError, FileNotFoundError) as err:
-        print(f"generate.py: error: {err}", file=sys.stderr)
-        return 2
+    """Entry point of ``generate.py``; prints the text, or the error and returns 2."""
+    print(run(build_parser().parse_args(argv)))
     return 0

@@ -26,9 +26,10 @@ The layer never names an embedding: it only asks whether a table is ``None``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -52,13 +53,30 @@ CPU_FLEX_MIN_LENGTH = 2048
 RotateFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def unsupported_reason(
-    impl: str, kind: PositionKind | str, learnable: bool, device_type: str, training: bool
-) -> str | None:
+def _accepts_old_learnable_argument(position: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Drop a bool passed at ``position``: the ``learnable`` argument the functions below no longer
+    take, still passed by the three calls in ``kerple/model/gpt.py`` (``set_attention``,
+    ``resolve_attention_impl``, ``_context``). Delete this decorator when those calls drop it;
+    a device type is a ``str``, never a ``bool``, so new-style calls pass through unchanged."""
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if len(args) > position and isinstance(args[position], bool):
+                args = args[:position] + args[position + 1 :]
+            return function(*args, **kwargs)
+
+        return call
+
+    return decorate
+
+
+@_accepts_old_learnable_argument(2)
+def unsupported_reason(impl: str, kind: PositionKind | str, device_type: str, training: bool) -> str | None:
     """Why ``impl`` cannot serve an embedding of ``kind`` on ``device_type``; ``None`` if it can.
 
-    ``learnable`` is part of the contract (config validation passes it) but no current kernel
-    refuses on it alone: every kernel with a backward also differentiates the distance tables.
+    Whether the embedding is learnable does not matter: every kernel with a backward also
+    differentiates the distance tables.
     """
     kind = PositionKind(kind)
     if impl not in ATTENTION_IMPLS:
@@ -77,9 +95,9 @@ def unsupported_reason(
     return None
 
 
+@_accepts_old_learnable_argument(1)
 def choose_implementation(
     kind: PositionKind | str,
-    learnable: bool,
     device_type: str,
     training: bool,
     seq_len: int,
@@ -121,7 +139,7 @@ def choose_implementation(
         wants_flex = not training and seq_len >= CPU_FLEX_MIN_LENGTH
     candidates = ("flex", "sdpa", "eager") if wants_flex and flex_allowed else ("sdpa", "eager")
     for impl in candidates:
-        if unsupported_reason(impl, kind, learnable, device_type, training) is None:
+        if unsupported_reason(impl, kind, device_type, training) is None:
             return impl
     return "eager"
 
@@ -223,7 +241,7 @@ def sdpa_attention(
 ) -> torch.Tensor:
     """``scaled_dot_product_attention`` with a materialized additive mask (bias + causal/window)."""
     if context.scale_table is not None:
-        raise ValueError(unsupported_reason("sdpa", PositionKind.WEIGHT, False, query.device.type, training))
+        raise ValueError(unsupported_reason("sdpa", PositionKind.WEIGHT, query.device.type, training))
     mask = context.sdpa_mask(query.dtype)
     dropout_p = context.dropout_p if training else 0.0
     if mask is None:

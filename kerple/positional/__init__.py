@@ -1,12 +1,16 @@
 """Every positional embedding of the papers behind one registry (one line per name).
 
 ``build(name, ...)`` is the only entry point the model needs; adding an embedding means one new
-class (see :mod:`kerple.positional.base`) and one line in ``_REGISTRY``. Reference ``pos_emb``
-strings of the GPT-NeoX KERPLE fork (docs/reference-format.md §1) resolve through ``_ALIASES``.
+class (see :mod:`kerple.positional.base`) and one line in ``_REGISTRY``. Adding a config option
+means one field in its family's options dataclass (:mod:`kerple.positional.options`): the config
+section, the checkpoint readers and the converters read :func:`option_specs` / :func:`option_names`.
+Reference ``pos_emb`` strings of the GPT-NeoX KERPLE fork (docs/reference-format.md §1) resolve
+through ``_ALIASES``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any
 
@@ -22,6 +26,7 @@ from kerple.positional.kerple import (
     KerplePowerOriginal,
     KerpleWeight,
 )
+from kerple.positional.options import OptionSpec, declared_options
 from kerple.positional.rotary import RotaryEmbedding
 from kerple.positional.sandwich import Sandwich, SmoothedSandwich
 from kerple.positional.t5 import T5RelativeBias
@@ -54,22 +59,6 @@ _ALIASES: dict[str, str] = {
     "kerple_power__ap": "kerple_wht",
 }
 
-OPTION_NAMES: frozenset[str] = frozenset(
-    {
-        "rotary_pct",
-        "rotary_emb_base",
-        "alibi_slope_shift",
-        "alibi_equal_slope",
-        "sandwich_dim",
-        "rpe_num_buckets",
-        "rpe_max_distance",
-        "head_offset",
-        "total_heads",
-    }
-)
-"""Every option ``build`` understands; each family takes the subset its constructor names."""
-
-
 def names() -> list[str]:
     """Canonical registry names, in registry order."""
     return list(_REGISTRY)
@@ -99,26 +88,68 @@ def family(name: str) -> type[PositionalEmbedding]:
     return _REGISTRY[canonical(name)]
 
 
-def build(
-    name: str, *, num_heads: int, head_dim: int, hidden_size: int, max_positions: int, **options: Any
-) -> PositionalEmbedding:
-    """Build the embedding ``name`` with the options its family uses.
+def option_specs() -> tuple[OptionSpec, ...]:
+    """Every option declared by a registered family's ``options_class``, once, in registry order.
 
-    Options outside :data:`OPTION_NAMES` raise ``TypeError`` (typos must not pass silently);
-    known options the family does not use, and options set to ``None``, are ignored so callers can
-    pass every option of the config (``cfg.positional.options()``) unconditionally.
+    Families may share an options class (``sandwich``, ``sandwich_smoothed``); two classes that
+    declare the same name are a programming error (``RuntimeError``): a YAML key sets one option.
     """
-    unknown = sorted(set(options) - OPTION_NAMES)
+    specs: dict[str, OptionSpec] = {}
+    owners: dict[str, type] = {}
+    for cls in _REGISTRY.values():
+        options_class = cls.options_class
+        if options_class is None or options_class in owners.values():
+            continue
+        for spec in declared_options(options_class):
+            if spec.name in specs:
+                raise RuntimeError(
+                    f"positional option {spec.name!r} is declared by {owners[spec.name].__name__} and {options_class.__name__}"
+                )
+            specs[spec.name], owners[spec.name] = spec, options_class
+    return tuple(specs.values())
+
+
+def option_names() -> tuple[str, ...]:
+    """The config keys of every positional option (:func:`option_specs`), in registry order."""
+    return tuple(spec.name for spec in option_specs())
+
+
+def build(
+    name: str,
+    *,
+    num_heads: int,
+    head_dim: int,
+    hidden_size: int,
+    max_positions: int,
+    head_offset: int = 0,
+    total_heads: int | None = None,
+    **options: Any,
+) -> PositionalEmbedding:
+    """Build the embedding ``name``; its family receives the ``options`` its ``options_class`` declares.
+
+    Names outside :func:`option_names` raise ``TypeError`` (typos must not pass silently); options
+    of other families, and options set to ``None``, are ignored, so callers can pass every option
+    of the config (``cfg.positional.options()``) unconditionally. ``head_offset`` and
+    ``total_heads`` are not options: they give a tensor-parallel rank its slice of the heads and
+    reach the families whose values depend on the global head index (those whose constructor
+    takes them; :func:`kerple.positional.base.global_head_indices`).
+    """
+    unknown = sorted(set(options) - set(option_names()))
     if unknown:
-        raise TypeError(f"unknown positional option(s) {unknown}; known: {sorted(OPTION_NAMES)}")
+        raise TypeError(f"unknown positional option(s) {unknown}; known: {sorted(option_names())}")
     cls = family(name)
-    accepted = inspect.signature(cls.__init__).parameters
-    used = {key: value for key, value in options.items() if key in accepted and value is not None}
-    return cls(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions, **used)
+    arguments: dict[str, Any] = {}
+    if cls.options_class is not None:
+        declared = {field.name for field in dataclasses.fields(cls.options_class)}
+        given = {key: value for key, value in options.items() if key in declared and value is not None}
+        arguments["options"] = cls.options_class(**given)
+    if "head_offset" in inspect.signature(cls.__init__).parameters:
+        arguments.update(head_offset=head_offset, total_heads=total_heads)
+    return cls(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions, **arguments)
 
 
 __all__ = [
-    "OPTION_NAMES",
+    "OptionSpec",
     "PositionKind",
     "PositionalEmbedding",
     "aliases",
@@ -126,4 +157,6 @@ __all__ = [
     "canonical",
     "family",
     "names",
+    "option_names",
+    "option_specs",
 ]

@@ -19,11 +19,13 @@ Setting both (an equal slope and a non-zero shift) is ambiguous and refused.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from kerple.positional.base import PositionalEmbedding, PositionKind, global_head_indices
 from kerple.positional.functional import distance_vector
+from kerple.positional.options import option
 
 
 def alibi_slopes(num_heads: int) -> list[float]:
@@ -50,6 +52,18 @@ def shifted_slopes(num_heads: int, slope_shift: float = 0.0, equal_slope: float 
     return [slope * 2.0 ** (-float(slope_shift)) for slope in alibi_slopes(num_heads)]
 
 
+@dataclass(frozen=True)
+class AlibiOptions:
+    """Options of ``alibi`` (the thesis' Table 4.1 variations)."""
+
+    alibi_slope_shift: float = option(
+        0.0, "Shift added to every ALiBi slope exponent: slope 1/2^(h + shift) instead of 1/2^h (thesis Table 4.1)."
+    )
+    alibi_equal_slope: int | None = option(
+        None, "If set to h, every ALiBi head gets the same slope 1/2^h (thesis Table 4.1)."
+    )
+
+
 class AlibiBias(PositionalEmbedding):
     """ALiBi: ``bias[h, d] = -slopes[h] * d``; buffer ``slopes`` ``[H]`` as ``alibi_embed.slopes``.
 
@@ -61,6 +75,7 @@ class AlibiBias(PositionalEmbedding):
 
     kind = PositionKind.BIAS
     state_dict_name = "alibi_embed"
+    options_class = AlibiOptions
 
     def __init__(
         self,
@@ -69,15 +84,14 @@ class AlibiBias(PositionalEmbedding):
         head_dim: int,
         hidden_size: int,
         max_positions: int,
-        alibi_slope_shift: float = 0.0,
-        alibi_equal_slope: float | None = None,
+        options: AlibiOptions = AlibiOptions(),
         head_offset: int = 0,
         total_heads: int | None = None,
     ) -> None:
         super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
         heads = global_head_indices(num_heads, head_offset, total_heads)
         total = total_heads if total_heads is not None else head_offset + num_heads
-        all_slopes = shifted_slopes(total, alibi_slope_shift, alibi_equal_slope)
+        all_slopes = shifted_slopes(total, options.alibi_slope_shift, options.alibi_equal_slope)
         self.register_buffer("slopes", torch.tensor([all_slopes[h] for h in heads], dtype=torch.float32))
 
     def distance_tables(

@@ -81,17 +81,22 @@ class PositionalEmbedding(nn.Module):
     * ``learnable``: whether it owns trainable parameters.
     * ``keep_fp32``: whether its floating-point parameters and buffers stay float32 when the model
       is cast (``model.to(torch.bfloat16)``, ``.half()``): see :meth:`_apply`.
+    * ``options_class``: the frozen dataclass declaring the family's config options
+      (:mod:`kerple.positional.options`), or ``None`` when it has none; the constructor then takes
+      ``options``, one instance of it.
 
     Tensor parallelism: an embedding may be given only a slice of the heads. Families whose values
     depend on the global head index (ALiBi slopes, Sandwich compression ratios, T5's xavier fan)
     accept ``head_offset`` (global index of local head 0) and ``total_heads`` (default: all heads
-    are local); see :func:`global_head_indices`.
+    are local); see :func:`global_head_indices`. These are construction arguments of a
+    tensor-parallel rank, not config options.
     """
 
     kind: PositionKind = PositionKind.NONE
     state_dict_name: str | None = None
     learnable: bool = False
     keep_fp32: bool = True
+    options_class: type | None = None
 
     def __init__(self, *, num_heads: int, head_dim: int, hidden_size: int, max_positions: int) -> None:
         super().__init__()

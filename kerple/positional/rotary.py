@@ -10,9 +10,20 @@ rotated; the rest pass through. Within the rotated part the "rotate_half" layout
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from kerple.positional.base import PositionalEmbedding, PositionKind
+from kerple.positional.options import option
+
+
+@dataclass(frozen=True)
+class RotaryOptions:
+    """Options of ``rotary``."""
+
+    rotary_pct: float = option(1.0, "Fraction of each head's dimensions rotated (rotary).", minimum=0.0, maximum=1.0)
+    rotary_emb_base: float = option(10000.0, "Base of the rotary frequencies.", minimum=1.0)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -30,6 +41,7 @@ class RotaryEmbedding(PositionalEmbedding):
 
     kind = PositionKind.QUERY_KEY
     state_dict_name = "rotary_emb"
+    options_class = RotaryOptions
 
     def __init__(
         self,
@@ -38,10 +50,10 @@ class RotaryEmbedding(PositionalEmbedding):
         head_dim: int,
         hidden_size: int,
         max_positions: int,
-        rotary_pct: float = 1.0,
-        rotary_emb_base: float = 10000.0,
+        options: RotaryOptions = RotaryOptions(),
     ) -> None:
         super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
+        rotary_pct = options.rotary_pct
         if not 0.0 < rotary_pct <= 1.0:
             raise ValueError(f"rotary_pct must be in (0, 1], got {rotary_pct}")
         self.rotary_ndims = int(head_dim * rotary_pct)
@@ -50,7 +62,7 @@ class RotaryEmbedding(PositionalEmbedding):
                 f"rotary dims int(head_dim * rotary_pct) = {self.rotary_ndims} must be even and >= 2 "
                 f"(head_dim={head_dim}, rotary_pct={rotary_pct})"
             )
-        self.base = float(rotary_emb_base)
+        self.base = float(options.rotary_emb_base)
         exponents = torch.arange(0, self.rotary_ndims, 2, dtype=torch.float32) / self.rotary_ndims
         self.register_buffer("inv_freq", 1.0 / (self.base**exponents))
 

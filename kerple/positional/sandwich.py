@@ -25,9 +25,12 @@ Both are parameter-free: tables are computed in float64, stored float32 and cach
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from kerple.positional.base import PositionalEmbedding, PositionKind, global_head_indices
+from kerple.positional.options import must_be_even, option
 
 SMOOTHING_POINTS = 50
 
@@ -46,10 +49,18 @@ def compression_ratios(num_heads: int, head_offset: int = 0, total_heads: int | 
     return [(n + 1) * 8.0 / total for n in global_head_indices(num_heads, head_offset, total_heads)]
 
 
+@dataclass(frozen=True)
+class SandwichOptions:
+    """Options of ``sandwich`` and ``sandwich_smoothed``."""
+
+    sandwich_dim: int = option(128, "Sandwich dimension d-bar (thesis 4.6); even.", minimum=2, check=must_be_even)
+
+
 class Sandwich(PositionalEmbedding):
     """``sandwich``: parameter-free bias ``sandwich_profile(d) / h_n`` (thesis Eq. (4.6))."""
 
     kind = PositionKind.BIAS
+    options_class = SandwichOptions
 
     def __init__(
         self,
@@ -58,11 +69,12 @@ class Sandwich(PositionalEmbedding):
         head_dim: int,
         hidden_size: int,
         max_positions: int,
-        sandwich_dim: int = 128,
+        options: SandwichOptions = SandwichOptions(),
         head_offset: int = 0,
         total_heads: int | None = None,
     ) -> None:
         super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
+        sandwich_dim = options.sandwich_dim
         if sandwich_dim < 2 or sandwich_dim % 2:
             raise ValueError(f"sandwich_dim must be even and >= 2, got {sandwich_dim}")
         self.sandwich_dim = sandwich_dim
@@ -113,7 +125,7 @@ class SmoothedSandwich(Sandwich):
         head_dim: int,
         hidden_size: int,
         max_positions: int,
-        sandwich_dim: int = 128,
+        options: SandwichOptions = SandwichOptions(),
         head_offset: int = 0,
         total_heads: int | None = None,
     ) -> None:
@@ -122,7 +134,7 @@ class SmoothedSandwich(Sandwich):
             head_dim=head_dim,
             hidden_size=hidden_size,
             max_positions=max_positions,
-            sandwich_dim=sandwich_dim,
+            options=options,
             head_offset=head_offset,
             total_heads=total_heads,
         )
@@ -134,4 +146,4 @@ class SmoothedSandwich(Sandwich):
         return -alpha[:, None] * torch.log1p(distance)[None, :] + beta[:, None]
 
 
-__all__ = ["Sandwich", "SmoothedSandwich", "compression_ratios", "fit_log_curve", "sandwich_profile"]
+__all__ = ["Sandwich", "SandwichOptions", "SmoothedSandwich", "compression_ratios", "fit_log_curve", "sandwich_profile"]

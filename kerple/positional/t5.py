@@ -14,11 +14,13 @@ because the bias is added to the *scaled* logits.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from kerple.positional.base import PositionalEmbedding, PositionKind, global_head_indices
+from kerple.positional.options import option
 
 
 def t5_causal_bucket(distance: torch.Tensor, num_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
@@ -36,6 +38,14 @@ def t5_causal_bucket(distance: torch.Tensor, num_buckets: int = 32, max_distance
     return torch.where(distance < max_exact, distance, log_bucket)
 
 
+@dataclass(frozen=True)
+class T5Options:
+    """Options of ``rpe`` (T5 bias)."""
+
+    rpe_num_buckets: int = option(32, "T5 relative-position buckets.", minimum=2)
+    rpe_max_distance: int = option(128, "T5 distance beyond which buckets saturate.", minimum=1)
+
+
 class T5RelativeBias(PositionalEmbedding):
     """T5 bias: parameter ``weight`` ``[num_buckets, H]`` (``rpe.weight``), bias = ``weight[bucket(d), h] * sqrt(head_dim)``.
 
@@ -47,6 +57,7 @@ class T5RelativeBias(PositionalEmbedding):
     kind = PositionKind.BIAS
     state_dict_name = "rpe"
     learnable = True
+    options_class = T5Options
 
     def __init__(
         self,
@@ -55,13 +66,13 @@ class T5RelativeBias(PositionalEmbedding):
         head_dim: int,
         hidden_size: int,
         max_positions: int,
-        rpe_num_buckets: int = 32,
-        rpe_max_distance: int = 128,
+        options: T5Options = T5Options(),
         head_offset: int = 0,
         total_heads: int | None = None,
     ) -> None:
         super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
         global_head_indices(num_heads, head_offset, total_heads)
+        rpe_num_buckets, rpe_max_distance = options.rpe_num_buckets, options.rpe_max_distance
         if rpe_num_buckets < 2 or rpe_max_distance <= rpe_num_buckets // 2:
             raise ValueError(
                 f"need rpe_num_buckets >= 2 and rpe_max_distance > rpe_num_buckets/2, "

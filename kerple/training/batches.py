@@ -18,8 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from kerple.data.errors import DataError
 
-class DataTooShortError(ValueError):
+
+class DataTooShortError(DataError):
     """The dataset provides fewer samples than the run needs."""
 
 

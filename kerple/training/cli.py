@@ -6,8 +6,9 @@ several; each reads the same resolved config). ``deepy.py train.py <ymls> [key=v
 resolved YAML, and starts one process per rank through the DeepSpeed launcher (CUDA) or
 ``torch.distributed.run`` (CPU, gloo), each given that one file.
 
-Exit status: 0 done (also after a clean stop on SIGTERM/SIGINT), 1 a training/data/checkpoint
-error (message on stderr), 2 a config error.
+Exit status: 0 done (also after a clean stop on SIGTERM/SIGINT); 2 a config, data, checkpoint or
+training error (one line ``prog: error: message`` on stderr, :func:`kerple.errors.entry_point`).
+Any other exception is a bug and ends the process with its traceback.
 """
 
 from __future__ import annotations
@@ -20,13 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kerple.config import load_config, parse_overrides, split_arguments
+from kerple.errors import entry_point
 from kerple.parallel.groups import prepare_environment
-
-
-def _split(arguments: list[str]) -> tuple[list[str], list[str]]:
-    paths = [a for a in arguments if "=" not in a]
-    overrides = [a for a in arguments if "=" in a]
-    return paths, overrides
 
 
 def planned_world_size(cfg: Any, num_gpus: int | None = None) -> int:
@@ -63,6 +60,7 @@ def dry_run_report(cfg: Any) -> str:
     )
 
 
+@entry_point("train.py")
 def train_main(argv: list[str]) -> int:
     """``train.py``: load the config, then train (or ``--dry-run``: print config and size)."""
     parser = argparse.ArgumentParser(prog="train.py", description="Train a GPT-NeoX-style model with DeepSpeed.")
@@ -74,35 +72,20 @@ def train_main(argv: list[str]) -> int:
     )
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     known, rest = parser.parse_known_args(argv)
-    paths, overrides = _split(rest)
+    paths, overrides = split_arguments(rest)
     if known.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(known.local_rank))
     if not paths:
         parser.error("give at least one YAML config file")
-    from kerple.config import ConfigError, cli_load
-
-    cfg = cli_load(paths, overrides)
+    cfg = load_config(paths, parse_overrides(overrides))
     if known.dry_run:
-        try:
-            cfg.resolve_batch(planned_world_size(cfg))
-        except ConfigError as error:
-            print(f"config error: {error}", file=sys.stderr)
-            return 2
+        cfg.resolve_batch(planned_world_size(cfg))
         print(dry_run_report(cfg))
         return 0
     prepare_environment()
-    from kerple.data.errors import DataError
-    from kerple.checkpoint.errors import CheckpointError
-    from kerple.training.trainer import TrainingError, run_training
+    from kerple.training.trainer import run_training
 
-    try:
-        result = run_training(cfg, config_files=paths, trust_checkpoint=known.trust_checkpoint)
-    except ConfigError as error:
-        print(f"config error: {error}", file=sys.stderr)
-        return 2
-    except (TrainingError, CheckpointError, DataError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    result = run_training(cfg, config_files=paths, trust_checkpoint=known.trust_checkpoint)
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"training {result.status} at step {result.iteration}" + (f"; checkpoint {result.last_checkpoint}" if result.last_checkpoint else ""))
     return 0
@@ -111,6 +94,7 @@ def train_main(argv: list[str]) -> int:
 EVALUATION_SCRIPTS = frozenset({"evaluate.py", "generate.py"})
 
 
+@entry_point("deepy.py")
 def deepy_main(argv: list[str]) -> int:
     """``deepy.py``: validate once, write the resolved config, launch every rank on it."""
     parser = argparse.ArgumentParser(prog="deepy.py", description="Launch train.py on every rank with one resolved config.")
@@ -124,20 +108,14 @@ def deepy_main(argv: list[str]) -> int:
     # Everything from the first unknown --flag on belongs to the script (e.g. evaluate.py's --load).
     first_flag = next((i for i, word in enumerate(rest) if word.startswith("-")), len(rest))
     rest, known.script_args = rest[:first_flag], rest[first_flag:]
-    paths, overrides = _split(rest)
+    paths, overrides = split_arguments(rest)
     if not paths:
         parser.error("give at least one YAML config file after the script")
     if Path(known.script).name in EVALUATION_SCRIPTS:  # validated as the script will run: nothing trained
-        overrides = list(overrides) + ["train_iters=0"]
-    from kerple.config import ConfigError, cli_load
-
-    cfg = cli_load(paths, overrides)
+        overrides.append("train_iters=0")
+    cfg = load_config(paths, parse_overrides(overrides))
     world = planned_world_size(cfg, known.num_gpus)
-    try:
-        cfg.resolve_batch(world)
-    except ConfigError as error:
-        print(f"config error: {error}", file=sys.stderr)
-        return 2
+    cfg.resolve_batch(world)
     run_dir = Path(cfg.logging.log_dir or "logs")
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = run_dir / f"resolved-config-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.yml"
@@ -152,8 +130,8 @@ def launch_command(known: argparse.Namespace, world: int, resolved: Path, cfg: A
     """DeepSpeed's launcher on CUDA; ``torch.distributed.run`` on CPU (gloo); plain python for 1 CPU rank."""
     import torch
 
-    script = [known.script, str(resolved)] + (["--trust-checkpoint"] if getattr(known, "trust_checkpoint", False) else [])
-    script += list(getattr(known, "script_args", []))
+    script = [known.script, str(resolved)] + (["--trust-checkpoint"] if known.trust_checkpoint else [])
+    script += known.script_args
     port = str(known.master_port or 29500)
     if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") != "cpu":
         command = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", port]

@@ -24,11 +24,11 @@ FAKE_FAMILIES = {
     "kerple_wht": ("weight", True),
 }
 FAKE_ALIASES = {"t5": "rpe", "kerple_power__ap": "kerple_wht"}
-FAKE_REFUSAL = "fake kernel: no backward for learnable tables"
+FAKE_REFUSAL = "fake kernel: no backward for bias tables"
 
 
 class FakeAttention(types.ModuleType):
-    """``kerple.model.attention`` stand-in: refuses flex training of learnable embeddings."""
+    """``kerple.model.attention`` stand-in: refuses flex training of bias embeddings."""
 
     refusal = FAKE_REFUSAL
 
@@ -36,9 +36,9 @@ class FakeAttention(types.ModuleType):
         super().__init__("kerple.model.attention")
         self.calls: list[tuple] = []
 
-    def unsupported_reason(self, impl: str, kind: str, learnable: bool, device_type: str, training: bool) -> str | None:
-        self.calls.append((impl, kind, learnable, device_type, training))
-        if impl == "flex" and learnable and training:
+    def unsupported_reason(self, impl: str, kind: str, device_type: str, training: bool) -> str | None:
+        self.calls.append((impl, kind, device_type, training))
+        if impl == "flex" and kind == "bias" and training:
             return FAKE_REFUSAL
         return None
 

@@ -152,7 +152,7 @@ def test_attention_hook_receives_family_device_and_training(write, fake_attentio
     load_config([write("a.yml", "pos_emb: kerple_log\nattention_impl: sdpa\n")])
     load_config([write("b.yml", "pos_emb: alibi\ntrain-iters: 0\n")])
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    assert fake_attention.calls == [("sdpa", "bias", True, device, True), ("eager", "bias", False, device, False)]
+    assert fake_attention.calls == [("sdpa", "bias", device, True), ("eager", "bias", device, False)]
 
 
 def test_refused_combination_names_both_keys_and_file(write, fake_attention):

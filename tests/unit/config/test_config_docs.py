@@ -12,7 +12,7 @@ PAGE = Path(__file__).resolve().parents[3] / "docs" / "config.md"
 def test_docs_page_is_current():
     assert PAGE.exists(), "docs/config.md is missing: run `make docs`"
     assert PAGE.read_text(encoding="utf-8") == render_reference(), (
-        "docs/config.md is out of date with kerple/config/sections.py: run `make docs` "
+        "docs/config.md is out of date with kerple/config/sections.py or the positional options: run `make docs` "
         "(tools/gen_config_docs.py) and commit the result"
     )
 

@@ -139,13 +139,13 @@ def test_bad_inputs_exit_nonzero_and_leave_nothing(tmp_path: Path, capsys: pytes
     out = tmp_path / "out/o"
     status = preprocess.main(["--input", str(tmp_path / "missing.jsonl"), "--output-prefix", str(out),
                               "-t", "CharLevelTokenizer"])
-    assert status == 1 and "missing.jsonl: input file not found" in capsys.readouterr().err
+    assert status == 2 and "missing.jsonl: input file not found" in capsys.readouterr().err
     (tmp_path / "empty.jsonl").write_text(json.dumps({"text": ""}) + "\n")
     status = preprocess.main(["--input", str(tmp_path / "empty.jsonl"), "--output-prefix", str(out),
                               "-t", "CharLevelTokenizer", "--quiet"])
-    assert status == 1 and "empty corpus" in capsys.readouterr().err
+    assert status == 2 and "empty corpus" in capsys.readouterr().err
     assert not out.parent.exists() or list(out.parent.iterdir()) == []
-    assert preprocess.main(["no_such_dataset"]) == 1
+    assert preprocess.main(["no_such_dataset"]) == 2
     assert "unknown dataset 'no_such_dataset'" in capsys.readouterr().err
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from kerple.evaluation.cli import parse_lengths, write_json_atomic
 from kerple.evaluation.compare import compare
-from kerple.evaluation.runner import EvaluationError
+from kerple.evaluation.errors import EvaluationError
 
 
 def write_result(folder: Path, pos_emb: str, seed: int, dataset: str, ppl: dict[int, float]) -> Path:
@@ -48,7 +48,7 @@ def test_compare_groups_by_dataset_and_writes_next_to_results(tmp_path: Path) ->
 
 def test_compare_refuses_a_missing_reference(tmp_path: Path) -> None:
     path = write_result(tmp_path, "alibi", 0, "github", {512: 3.0})
-    with pytest.raises(ValueError, match="reference 'kerple_log' is not among the runs"):
+    with pytest.raises(EvaluationError, match="reference 'kerple_log' is not among the runs"):
         compare([path], reference="kerple_log")
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kerple.evaluation.errors import EvaluationError
 from kerple.evaluation.stats import (
     build_tables,
     format_mean_std,
@@ -110,5 +111,5 @@ def test_table_layout_pairs_by_seed(tmp_path: Path) -> None:
 def test_load_run_rejects_other_files(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    with pytest.raises(ValueError, match="bad.json"):
+    with pytest.raises(EvaluationError, match="bad.json"):
         load_run(bad)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from kerple.config import load_config
-from kerple.inference import generate, sample_next, windowed_cache_losses
+from kerple.inference import GenerationError, generate, sample_next, windowed_cache_losses
 from kerple.model import build_model
 
 VOCAB = 64
@@ -110,5 +110,5 @@ def test_vocab_limit_and_learned_table_limit():
     model = tiny("rotary")
     out = generate(model, PROMPT, 10, temperature=1.0, vocab_limit=3, generator=torch.Generator().manual_seed(0))
     assert int(out[:, 5:].max()) < 3
-    with pytest.raises(ValueError, match="learned position table"):
+    with pytest.raises(GenerationError, match="learned position table"):
         generate(tiny("learned"), PROMPT, 100)

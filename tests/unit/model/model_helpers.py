@@ -40,7 +40,7 @@ def supported_impls(name: str) -> list[str]:
     return [
         impl
         for impl in ("eager", "sdpa", "flex")
-        if unsupported_reason(impl, cls.kind, cls.learnable, "cpu", training=False) is None
+        if unsupported_reason(impl, cls.kind, "cpu", training=False) is None
     ]
 
 

@@ -31,7 +31,7 @@ LONG = CPU_FLEX_MIN_LENGTH
 
 def _choice(name: str, device: str, training: bool, seq_len: int, **kwargs) -> str:
     family = positional.family(name)
-    return choose_implementation(family.kind, family.learnable, device, training, seq_len, **kwargs)
+    return choose_implementation(family.kind, device, training, seq_len, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -81,10 +81,10 @@ def test_every_choice_is_supported() -> None:
     for name, device, training, seq_len, window, dropout, compiled in settings:
         family = positional.family(name)
         impl = choose_implementation(
-            family.kind, family.learnable, device, training, seq_len,
+            family.kind, device, training, seq_len,
             window=window, dropout_p=dropout, flex_compiled=compiled,
         )
-        assert unsupported_reason(impl, family.kind, family.learnable, device, training) is None, (name, device)
+        assert unsupported_reason(impl, family.kind, device, training) is None, (name, device)
         assert not (impl == "flex" and training and dropout > 0)
         assert not (impl == "flex" and not compiled)
 

@@ -87,16 +87,16 @@ def test_unknown_init_method_is_refused() -> None:
 
 
 def test_unsupported_reason_cases() -> None:
-    assert "weight kernel" in unsupported_reason("sdpa", PositionKind.WEIGHT, True, "cuda", False)
-    assert unsupported_reason("sdpa", "bias", True, "cpu", True) is None
-    assert unsupported_reason("flex", PositionKind.WEIGHT, True, "cuda", True) is None
-    assert unsupported_reason("flex", PositionKind.BIAS, True, "cpu", False) is None
-    assert unsupported_reason("flex", PositionKind.BIAS, True, "cpu", True) == (
+    assert "weight kernel" in unsupported_reason("sdpa", PositionKind.WEIGHT, "cuda", False)
+    assert unsupported_reason("sdpa", "bias", "cpu", True) is None
+    assert unsupported_reason("flex", PositionKind.WEIGHT, "cuda", True) is None
+    assert unsupported_reason("flex", PositionKind.BIAS, "cpu", False) is None
+    assert unsupported_reason("flex", PositionKind.BIAS, "cpu", True) == (
         "FlexAttention has no backward on CPU in torch 2.13; use attention_impl: eager or sdpa for training, "
         "flex for evaluation"
     )
-    assert "unknown attention_impl 'fast'" in unsupported_reason("fast", PositionKind.NONE, False, "cpu", False)
-    assert unsupported_reason("eager", PositionKind.WEIGHT, True, "cpu", True) is None
+    assert "unknown attention_impl 'fast'" in unsupported_reason("fast", PositionKind.NONE, "cpu", False)
+    assert unsupported_reason("eager", PositionKind.WEIGHT, "cpu", True) is None
 
 
 def test_model_refuses_unsupported_combinations() -> None:

@@ -1,0 +1,76 @@
+"""How a positional family declares its options: once, as a frozen dataclass beside the family.
+
+Each option is one field declared with :func:`option` (type annotation, default, one-line help,
+numeric bounds, and an optional extra check); the family class names the dataclass in its
+``options_class`` attribute and receives one instance of it. Everything else derives from these
+declarations through :func:`kerple.positional.option_specs`: the registry's known options and
+what :func:`kerple.positional.build` passes to each family, the fields, checks and reference page
+(``docs/config.md``) of the ``positional`` config section, and the option lists of the checkpoint
+readers and converters. The config's YAML key of an option is the field's name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Check = Callable[[Any], str | None]
+"""A rule bounds cannot express: ``value -> what is wrong`` (e.g. ``"must be even"``) or ``None``."""
+
+
+def option(
+    default: Any,
+    help: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    check: Check | None = None,
+) -> Any:
+    """Declare one option field of a family's options dataclass.
+
+    Args:
+        default: the value when no config sets the option.
+        help: one sentence for the config reference page.
+        minimum, maximum: inclusive bounds, checked when a config file sets the key.
+        check: a further rule, checked when the config is validated (never given ``None``).
+    """
+    metadata = {"help": help, "minimum": minimum, "maximum": maximum, "check": check}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One declared option, as the config section and the checkpoint code read it."""
+
+    name: str
+    hint: Any  # the resolved type annotation, e.g. ``float`` or ``int | None``
+    default: Any
+    help: str
+    minimum: float | None
+    maximum: float | None
+    check: Check | None
+
+
+def declared_options(options_class: type) -> tuple[OptionSpec, ...]:
+    """The options an options dataclass declares, in declaration order."""
+    hints = typing.get_type_hints(options_class)
+    return tuple(
+        OptionSpec(
+            name=field.name,
+            hint=hints[field.name],
+            default=field.default,
+            help=field.metadata["help"],
+            minimum=field.metadata["minimum"],
+            maximum=field.metadata["maximum"],
+            check=field.metadata["check"],
+        )
+        for field in dataclasses.fields(options_class)
+    )
+
+
+def must_be_even(value: int) -> str | None:
+    """A :data:`Check` for sizes split into pairs."""
+    return "must be even" if value % 2 else None

@@ -1,0 +1,142 @@
+"""Every entry point: a user error is one line ``prog: error: ...`` and exit status 2; an internal
+bug (a function made to raise) is not swallowed, so it keeps its traceback. The bugs include a
+``ValueError``, which the entry points used to catch."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from kerple.data import preprocess
+from kerple.evaluation import cli as evaluate_cli
+from kerple.training import cli as training_cli
+
+generate_module = importlib.import_module("kerple.inference.generate")  # the package exports a function of that name
+REPO = Path(__file__).resolve().parents[2]
+TINY = [str(REPO / "configs/models/tiny.yml"), str(REPO / "configs/pe/kerple_log.yml")]
+
+
+def load_tool(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"tool_{name}", REPO / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def one_error_line(capsys: pytest.CaptureFixture, prog: str) -> str:
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), lines
+    return lines[0]
+
+
+def boom(*args: object, **kwargs: object) -> None:
+    raise ZeroDivisionError("injected bug")
+
+
+def bad_value(*args: object, **kwargs: object) -> None:
+    raise ValueError("injected bug")
+
+
+@pytest.fixture
+def typo(tmp_path: Path) -> str:
+    path = tmp_path / "typo.yml"
+    path.write_text("hiden_size: 768\n")
+    return str(path)
+
+
+def test_train_reports_a_config_error(typo: str, capsys: pytest.CaptureFixture) -> None:
+    assert training_cli.train_main([typo, "seed=1"]) == 2
+    line = one_error_line(capsys, "train.py")
+    assert typo in line and "'hiden_size'" in line and "did you mean 'hidden_size'" in line
+
+
+def test_train_refuses_a_parallel_combination_when_the_config_loads(capsys: pytest.CaptureFixture) -> None:
+    argv = [*TINY, "pipe_parallel_size=2", "no_weight_tying=false", "--dry-run"]
+    assert training_cli.train_main(argv) == 2
+    line = one_error_line(capsys, "train.py")
+    assert "<command line>" in line and "'pipe_parallel_size' and 'no_weight_tying'" in line
+
+
+def test_deepy_reports_a_config_error(typo: str, capsys: pytest.CaptureFixture) -> None:
+    assert training_cli.deepy_main(["train.py", typo]) == 2
+    assert typo in one_error_line(capsys, "deepy.py")
+
+
+def test_evaluate_reports_a_bad_cache_window(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    argv = [*TINY, "--eval-lengths", "64", "--cache-window", "0", "--output", str(tmp_path / "r.json")]
+    assert evaluate_cli.main(argv) == 2
+    assert "--cache-window 0" in one_error_line(capsys, "evaluate.py")
+
+
+def test_generate_reports_a_bad_cache_window(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    argv = [*TINY, "--load", str(tmp_path), "--prompt", "x", "--cache-window", "0"]
+    assert generate_module.main(argv) == 2
+    assert "--cache-window 0" in one_error_line(capsys, "generate.py")
+
+
+def test_compare_runs_reports_a_file_that_is_not_a_result(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert load_tool("compare_runs").main([str(bad)]) == 2
+    assert "bad.json: not an evaluate.py results file" in one_error_line(capsys, "compare_runs.py")
+
+
+@pytest.mark.parametrize(
+    ("main", "module", "function", "argv"),
+    [
+        (training_cli.train_main, training_cli, "load_config", [*TINY, "--dry-run"]),
+        (training_cli.deepy_main, training_cli, "load_config", ["train.py", *TINY]),
+        (evaluate_cli.main, evaluate_cli, "load_config", [*TINY, "--eval-lengths", "64", "--output", "r.json"]),
+        (generate_module.main, generate_module, "load_config", [*TINY, "--load", "ckpt", "--prompt", "x"]),
+        (preprocess.main, preprocess, "run", ["stdlib"]),
+    ],
+    ids=["train", "deepy", "evaluate", "generate", "prepare_data"],
+)
+@pytest.mark.parametrize("bug", [boom, bad_value], ids=["ZeroDivisionError", "ValueError"])
+def test_an_internal_bug_propagates(
+    main, module: ModuleType, function: str, argv: list[str], bug, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    monkeypatch.setattr(module, function, bug)
+    with pytest.raises((ZeroDivisionError, ValueError), match="injected bug"):
+        main(argv)
+    assert "error:" not in capsys.readouterr().err
+
+
+def test_compare_runs_lets_a_bug_propagate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tool = load_tool("compare_runs")
+    monkeypatch.setattr(tool, "compare", bad_value)
+    with pytest.raises(ValueError, match="injected bug"):
+        tool.main([str(tmp_path / "r.json")])
+
+
+# Runs train.py as a script with one function replaced by a bug.
+BUGGY_TRAIN = textwrap.dedent(
+    """
+    import runpy, sys
+    import kerple.training.cli as cli
+    def boom(*args, **kwargs):
+        raise ZeroDivisionError("injected bug")
+    cli.load_config = boom
+    sys.argv = ["train.py", *sys.argv[1:]]
+    runpy.run_path("train.py", run_name="__main__")
+    """
+)
+
+
+def test_train_py_process_exit_status_and_traceback(typo: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    user = subprocess.run([sys.executable, "train.py", typo], cwd=REPO, env=env, capture_output=True, text=True)
+    assert user.returncode == 2 and len(user.stderr.splitlines()) == 1, user.stderr
+    bug = subprocess.run([sys.executable, "-c", BUGGY_TRAIN, *TINY, "--dry-run"], cwd=REPO, env=env,
+                         capture_output=True, text=True)
+    assert bug.returncode == 1
+    assert "Traceback (most recent call last)" in bug.stderr and "ZeroDivisionError: injected bug" in bug.stderr
