@@ -102,7 +102,7 @@ def load_trained_model(
     ``load`` defaults to the config's ``load``, then ``save``. Returns (model, folder, iteration).
     """
     from kerple.model import build_model
-    from kerple.training.checkpoint import load_model_weights
+    from kerple.checkpoint import load_model_weights
 
     load_dir = load or cfg.checkpointing.load or cfg.checkpointing.save
     if not load_dir:
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``evaluate.py``; exits 2 on bad configs or impossible evaluations."""
     from kerple.config import ConfigError
     from kerple.data.errors import DataError
-    from kerple.training.checkpoint import CheckpointError
+    from kerple.checkpoint.errors import CheckpointError
 
     args = build_parser().parse_args(argv)
     try:

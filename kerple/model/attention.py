@@ -259,9 +259,8 @@ KERNELS: dict[str, Callable[..., torch.Tensor]] = {
 class SelfAttention(nn.Module):
     """GPT-NeoX attention block: fused ``query_key_value`` ``[3h, h]`` and output ``dense`` ``[h, h]``.
 
-    The shared positional module is registered under this module by the model (so its tensors
-    appear as ``attention.<state_dict_name>.*`` in every layer, docs/reference-format.md §6); this class only
-    uses the hooks handed over in :class:`AttentionContext`.
+    The shared positional module belongs to the model, not to this block: this class only uses the
+    hooks handed over in :class:`AttentionContext`.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, layer_index: int) -> None:

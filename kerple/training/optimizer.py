@@ -9,6 +9,10 @@ Parameter groups follow GPT-NeoX: parameters of normalisation modules and parame
 ``bias`` get no weight decay; everything else (including the KERPLE ``bias_p``/``bias_a`` scalars,
 whose names are not exactly ``bias``) does. A parameter shared by several modules (the positional
 embedding shared by all layers) is listed once.
+
+Parameters are listed in the order of their checkpoint keys
+(:meth:`kerple.checkpoint.neox_layout.NeoxAdapter.parameter_order`): an optimizer state refers to
+parameters by position, so this order is part of the checkpoint format.
 """
 
 from __future__ import annotations
@@ -24,17 +28,18 @@ DEFAULT_EPS = 1e-8
 
 
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Split ``model``'s trainable parameters into decay / no-decay groups (empty groups dropped)."""
+    """Split ``model``'s trainable parameters into decay / no-decay groups (empty groups dropped).
+
+    ``model`` is a :class:`kerple.model.GPTModel` or a pipeline stage of one.
+    """
+    from kerple.checkpoint.neox_layout import NeoxAdapter
+
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
-    seen: set[int] = set()
-    for module in model.modules():
-        is_norm = "norm" in type(module).__name__.lower()
-        for name, param in module.named_parameters(recurse=False):
-            if param is None or not param.requires_grad or id(param) in seen:
-                continue
-            seen.add(id(param))
-            (no_decay if is_norm or name == "bias" else decay).append(param)
+    for name, param in NeoxAdapter.for_model(model).parameter_order(model):
+        owner, _, attribute = name.rpartition(".")
+        is_norm = "norm" in type(model.get_submodule(owner)).__name__.lower()
+        (no_decay if is_norm or attribute == "bias" else decay).append(param)
     groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},

@@ -12,16 +12,25 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from kerple.checkpoint import load_model_weights, safe_torch_load, write_checkpoint
+from kerple.checkpoint import (
+    NeoxAdapter,
+    RunState,
+    architecture_args,
+    capture_rng,
+    load_model_weights,
+    safe_torch_load,
+    save_checkpoint,
+    write_checkpoint,
+)
 from kerple.config import load_config
 from kerple.model import build_model
+from kerple.parallel.groups import ParallelState
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "checkpoints"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
@@ -86,24 +95,19 @@ def test_fixture_loads_with_the_same_logits(name: str) -> None:
     torch.testing.assert_close(logits, stored["logits"][name], rtol=0, atol=0)
 
 
-def _single_rank() -> SimpleNamespace:
-    return SimpleNamespace(
-        model_parallel_rank=0, data_parallel_rank=0, pipe_parallel_rank=0, model_parallel_size=1,
-        data_parallel_size=1, pipe_parallel_size=1, is_main=True, barrier=lambda: None, any_rank=bool,
-    )
-
-
 def _optimizer_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:
-    """The checkpoint names of the optimizer's parameters, group by group, in order."""
-    names = {id(param): key for key, param in model.named_parameters()}
+    """The checkpoint names of the optimizer's parameters (a shared one by its first copy), group by group."""
+    adapter = NeoxAdapter.for_model(model)
+    first_copy: dict[str, str] = {}
+    for reference, internal in adapter.to_reference({name: name for name, _ in model.named_parameters()}).items():
+        first_copy.setdefault(internal, reference)
+    names = {id(param): first_copy[key] for key, param in model.named_parameters()}
     return [[names[id(param)] for param in group["params"]] for group in optimizer.param_groups]
 
 
 @pytest.mark.parametrize("name", TRAINER)
 def test_trainer_writer_rewrites_the_fixture(name: str, tmp_path: Path) -> None:
-    from kerple.training.checkpoint import save_checkpoint
     from kerple.training.optimizer import build_optimizer
-    from kerple.training.run_state import architecture_args, capture_rng
     from kerple.training.schedule import AnnealingLR
 
     case = CASES[name]
@@ -117,38 +121,37 @@ def test_trainer_writer_rewrites_the_fixture(name: str, tmp_path: Path) -> None:
     scheduler = AnnealingLR(optimizer, lr=cfg.optimizer.lr, warmup=cfg.lr_schedule.warmup, decay_iters=10,
                             style=cfg.lr_schedule.lr_decay_style, min_lr=cfg.lr_schedule.min_lr)
     scheduler.load_state_dict(record["lr_scheduler"])
-    iteration, consumed = case["iteration"], record["consumed_train_samples"]
-    client_state: dict[str, Any] = {
-        "iteration": iteration,
-        "args": architecture_args(cfg),
-        "lr_scheduler": scheduler.state_dict(),
-        "global_steps": iteration,
-        "global_samples": consumed,
-        "consumed_train_samples": consumed,
-        "data_position": {"consumed_train_samples": consumed, "seed": int(cfg.training.seed)},
-        "skipped_steps": record["skipped_steps"],
-        "ds_version": record["ds_version"],
-    }
+    rng = {}
     if case["rng"]:
         random.seed(case["rng_seed"])
         np.random.seed(case["rng_seed"])
         torch.manual_seed(case["rng_seed"])
-        client_state.update(capture_rng())
-    save_checkpoint(tmp_path / name, iteration=iteration, module=model, optimizer=optimizer if case["optimizer"] else None,
-                    client_state=client_state, parallel=_single_rank())
+        rng = capture_rng()
+    run_state = RunState(
+        iteration=case["iteration"],
+        args=architecture_args(cfg),
+        consumed_train_samples=record["consumed_train_samples"],
+        skipped_steps=record["skipped_steps"],
+        seed=int(cfg.training.seed),
+        lr_scheduler=scheduler.state_dict(),
+        rng=rng,
+        ds_version=record["ds_version"],
+    )
+    one_process = ParallelState(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    save_checkpoint(tmp_path / name, module=model, run_state=run_state, optimizer=optimizer if case["optimizer"] else None,
+                    parallel=one_process)
     _assert_same_files(_tag(tmp_path, name), _tag(FIXTURES, name))
     assert (tmp_path / name / "latest").read_text() == (FIXTURES / name / "latest").read_text()
 
 
 @pytest.mark.parametrize("name", CONVERTER)
 def test_converter_writer_rewrites_the_fixture(name: str, tmp_path: Path) -> None:
-    from kerple.checkpoint.convert import _architecture_args
-
     case = CASES[name]
     model, cfg = _loaded_model(name)
     ranks = case["model_parallel_size"]
+    state = NeoxAdapter.for_model(model).to_reference(model.state_dict())
     write_checkpoint(
-        tmp_path / name, model.state_dict(), iteration=case["iteration"], args=_architecture_args(cfg, ranks),
+        tmp_path / name, state, iteration=case["iteration"], args=architecture_args(cfg),
         layout=case["layout"], model_parallel_size=ranks, flavor=case["flavor"],
         config_files={"model.yml": f"pos-emb: {case['pos_emb']}\n"}, output_layer_parallelism=case["output_layer_parallelism"],
     )
