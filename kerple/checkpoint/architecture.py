@@ -10,6 +10,7 @@ field that differs.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -50,17 +51,12 @@ MODEL_OPTIONS: tuple[str, ...] = ("gpt_j_residual", "norm", "activation")
 
 
 def positional_option_names() -> tuple[str, ...]:
-    """The positional embedding options a checkpoint records (``args.positional_options``) and the
-    architecture check compares; each is a field of ``cfg.positional``."""
-    return (
-        "rotary_pct",
-        "rotary_emb_base",
-        "alibi_slope_shift",
-        "alibi_equal_slope",
-        "sandwich_dim",
-        "rpe_num_buckets",
-        "rpe_max_distance",
-    )
+    """The positional embedding options a checkpoint records (``args.positional_options``), the
+    architecture check compares and the converter carries: every field of the config's positional
+    section but ``pos_emb``, in declaration order."""
+    from kerple.config.sections import PositionalConfig
+
+    return tuple(item.name for item in dataclasses.fields(PositionalConfig) if item.name != "pos_emb")
 
 
 def _plain(value: Any) -> Any:

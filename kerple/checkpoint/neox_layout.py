@@ -33,9 +33,12 @@ from typing import Any, Mapping, TypeVar
 import torch
 from torch import nn
 
+from kerple import positional as registry
 from kerple.checkpoint.errors import CheckpointError, ModelParallelError
+from kerple.positional.base import PositionKind
 
 T = TypeVar("T")
+FIRST_LAYER = 2  # pipeline index of transformer layer 0 (index 1 is parameter-free)
 QKV_KEY = "attention.query_key_value.weight"
 WORD_EMBEDDINGS = "word_embeddings.weight"
 POSITIONAL = "positional."
@@ -129,18 +132,13 @@ class NeoxAdapter:
     @classmethod
     def for_model(cls, model: nn.Module) -> NeoxAdapter:
         """The adapter of a :class:`~kerple.model.GPTModel` (or of a pipeline stage of one)."""
-        from kerple.positional.base import PositionKind
-
         positional = model.positional
         return cls(model.num_layers, positional.kind == PositionKind.INPUT, positional.state_dict_name or "positional")
 
     @classmethod
     def for_embedding(cls, num_layers: int, pos_emb: str) -> NeoxAdapter:
         """The adapter of a model with ``num_layers`` layers and the registry's embedding ``pos_emb``."""
-        from kerple import positional
-        from kerple.positional.base import PositionKind
-
-        family = positional.family(positional.canonical(pos_emb))
+        family = registry.family(registry.canonical(pos_emb))
         return cls(num_layers, family.kind == PositionKind.INPUT, family.state_dict_name or "positional")
 
     @classmethod
@@ -156,13 +154,16 @@ class NeoxAdapter:
         return cls(len(transformer_indices(state)), at_input, module)
 
     # --- indices ----------------------------------------------------------------------------
+    def layer_indices(self) -> range:
+        return range(FIRST_LAYER, FIRST_LAYER + self.num_layers)
+
     @property
     def final_norm_index(self) -> int:
-        return self.num_layers + 3
+        return FIRST_LAYER + self.num_layers + 1
 
     @property
     def head_index(self) -> int:
-        return self.num_layers + 4
+        return FIRST_LAYER + self.num_layers + 2
 
     def slots(self) -> list[str | None]:
         """GPT-NeoX's pipeline layer list: position N holds the model's module name for index N
@@ -174,13 +175,13 @@ class NeoxAdapter:
         layers = transformer_indices(state)
         if not layers:
             raise CheckpointError(f"{source}: no transformer layer holds {QKV_KEY!r}; this is not a GPT-NeoX checkpoint")
-        count = len(layers)
-        expected = list(range(2, count + 2))
         present = sorted({split_key(name)[0] for name in state})
-        if layers != expected or not set(present) <= {0, *expected, count + 3, count + 4}:
+        allowed = {0, *self.layer_indices(), self.final_norm_index, self.head_index}
+        if layers != list(self.layer_indices()) or not set(present) <= allowed:
             raise CheckpointError(
-                f"{source}: pipeline indices {present} do not follow the GPT-NeoX layout for {count} layers "
-                f"(0 embedding, 2..{count + 1} layers, {count + 3} final norm, {count + 4} head)"
+                f"{source}: pipeline indices {present} do not follow the GPT-NeoX layout for {self.num_layers} layers "
+                f"(0 embedding, {FIRST_LAYER}..{self.layer_indices()[-1]} layers, {self.final_norm_index} final norm, "
+                f"{self.head_index} head)"
             )
 
     # --- model -> checkpoint ----------------------------------------------------------------
@@ -194,7 +195,7 @@ class NeoxAdapter:
             return 0, rest
         if module == "layers":
             layer, _, key = rest.partition(".")
-            return int(layer) + 2, key
+            return FIRST_LAYER + int(layer), key
         if module == "final_norm":
             return self.final_norm_index, f"norm.{rest}"
         if module == "lm_head":
@@ -216,7 +217,7 @@ class NeoxAdapter:
         if positional and self.positional_at_input:
             files.setdefault(0, []).extend(positional)
         elif positional:
-            holders = [index for index in files if 2 <= index <= self.num_layers + 1]
+            holders = [index for index in files if index in self.layer_indices()]
             if not holders:
                 raise CheckpointError("positional tensors but no transformer layer to hold them in the GPT-NeoX layout")
             for index in holders:
@@ -256,10 +257,10 @@ class NeoxAdapter:
         """The model's name for ``key`` of file ``index``; ``""`` to drop it, ``None`` if it has no place."""
         if index == 0:
             return f"embedding.{key}" if key == WORD_EMBEDDINGS else POSITIONAL + key
-        if 2 <= index <= self.num_layers + 1:
+        if index in self.layer_indices():
             if is_positional(key):
                 return POSITIONAL + key.split(".", 2)[2]
-            return f"layers.{index - 2}.{key}"
+            return f"layers.{index - FIRST_LAYER}.{key}"
         if index == self.final_norm_index and key.startswith("norm."):
             return "final_norm." + key[len("norm."):]
         if index == self.head_index and key.startswith("final_linear."):

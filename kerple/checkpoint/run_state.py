@@ -116,9 +116,7 @@ class RunState:
         return self.is_own_format and (self.sizes.model, self.sizes.pipe) == (model_parallel_size, pipe_parallel_size)
 
 
-def read_run_state(
-    directory: Path, parallel: Any, iteration: int, *, trust: bool = False
-) -> RunState:
+def read_run_state(directory: Path, parallel: Any, iteration: int, *, trust: bool = False) -> RunState:
     """This rank's :class:`RunState` in the tag ``directory`` (of iteration ``iteration``).
 
     ``parallel`` is a :class:`kerple.parallel.groups.ParallelState`. A reference checkpoint gives only

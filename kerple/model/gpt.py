@@ -284,7 +284,7 @@ def maybe_compile(model: GPTModel, cfg: Any) -> GPTModel:
     and makes every layer reuse one compiled graph. Call it after moving the model to its device
     and before building the optimizer or a DeepSpeed engine.
     """
-    if getattr(cfg.training, "compile", False):
+    if cfg.training.compile:
         for layer in model.layers:
             layer.compile()
     return model
@@ -292,15 +292,15 @@ def maybe_compile(model: GPTModel, cfg: Any) -> GPTModel:
 
 def build_model(cfg: Any, *, flex_compile: bool = True) -> GPTModel:
     """Build the model of ``cfg`` (a :class:`kerple.config.Config`; uses ``cfg.model``,
-    ``cfg.positional`` and ``cfg.attention``) with its positional embedding from the registry."""
+    ``cfg.positional``, ``cfg.attention`` and ``cfg.training``) with its positional embedding from
+    the registry."""
     from kerple import positional as positional_registry
 
-    model_cfg, positional_cfg, attention_cfg = cfg.model, cfg.positional, cfg.attention
-    training_cfg = getattr(cfg, "training", None)  # activation checkpointing
-    max_positions = getattr(model_cfg, "max_position_embeddings", None) or model_cfg.seq_length
+    model_cfg, positional_cfg, attention_cfg, training_cfg = cfg.model, cfg.positional, cfg.attention, cfg.training
+    max_positions = model_cfg.max_position_embeddings or model_cfg.seq_length
     epsilon = {
-        "rmsnorm": getattr(model_cfg, "rms_norm_epsilon", 1e-8),
-        "scalenorm": getattr(model_cfg, "scalenorm_epsilon", 1e-8),
+        "rmsnorm": model_cfg.rms_norm_epsilon,
+        "scalenorm": model_cfg.scalenorm_epsilon,
     }.get(model_cfg.norm, model_cfg.layernorm_epsilon)
     positional = positional_registry.build(
         positional_cfg.pos_emb,
@@ -329,6 +329,6 @@ def build_model(cfg: Any, *, flex_compile: bool = True) -> GPTModel:
         attention_impl=attention_cfg.attention_impl,
         attention_window=attention_cfg.attention_window,
         flex_compile=flex_compile,
-        checkpoint_activations=bool(getattr(training_cfg, "checkpoint_activations", False)),
-        checkpoint_num_layers=int(getattr(training_cfg, "checkpoint_num_layers", 1) or 1),
+        checkpoint_activations=training_cfg.checkpoint_activations,
+        checkpoint_num_layers=training_cfg.checkpoint_num_layers,
     )
