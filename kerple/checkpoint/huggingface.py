@@ -35,7 +35,7 @@ from typing import Any, Iterable
 import torch
 
 from kerple.checkpoint.errors import CheckpointError
-from kerple.checkpoint.neox_layout import NeoxAdapter
+from kerple.checkpoint.neox_layout import NeoxAdapter, positional_module_key
 
 LAYER_KEYS: tuple[str, ...] = (
     "input_layernorm.weight",
@@ -370,7 +370,7 @@ def _from_neox(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if name.startswith(POSITIONAL_PREFIX + INPUT_POSITIONAL):
             state["positional." + name[len(POSITIONAL_PREFIX + INPUT_POSITIONAL) :]] = tensor
         elif name.startswith(POSITIONAL_PREFIX):  # kerple_positional.attention.<module>.<key>
-            state["positional." + name[len(POSITIONAL_PREFIX) :].split(".", 2)[2]] = tensor
+            state["positional." + positional_module_key(name[len(POSITIONAL_PREFIX) :])] = tensor
     return state
 
 

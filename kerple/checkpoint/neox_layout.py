@@ -70,6 +70,11 @@ def is_positional(key: str) -> bool:
     return key.startswith("attention.") and not key.startswith(_LAYER_OWN)
 
 
+def positional_module_key(key: str) -> str:
+    """The positional module's own key of a per-layer key (``attention.rpe.bias_p`` -> ``bias_p``)."""
+    return key.split(".", 2)[2]
+
+
 def transformer_indices(state: Mapping[str, Any]) -> list[int]:
     """Sorted pipeline indices whose keys include the fused QKV weight."""
     return sorted({index for index, key in map(split_key, state) if key == QKV_KEY})
@@ -259,7 +264,7 @@ class NeoxAdapter:
             return f"embedding.{key}" if key == WORD_EMBEDDINGS else POSITIONAL + key
         if index in self.layer_indices():
             if is_positional(key):
-                return POSITIONAL + key.split(".", 2)[2]
+                return POSITIONAL + positional_module_key(key)
             return f"layers.{index - FIRST_LAYER}.{key}"
         if index == self.final_norm_index and key.startswith("norm."):
             return "final_norm." + key[len("norm."):]
