@@ -20,22 +20,8 @@ USER_ERROR_STATUS = 2
 
 _Params = ParamSpec("_Params")
 
-# Project errors still defined outside this hierarchy: (module, class). They are reported like
-# KerpleError until their classes derive from it; an error of a module that was never imported
-# cannot have been raised, so the lookup imports nothing.
-_NOT_YET_DERIVED = (
-    ("kerple.checkpoint.errors", "CheckpointError"),
-    ("kerple.training.trainer", "TrainingError"),
-)
-
-
 class KerpleError(Exception):
     """A problem with the user's input; entry points print its message without a traceback."""
-
-
-def _reported() -> tuple[type[BaseException], ...]:
-    loaded = [getattr(sys.modules[module], name) for module, name in _NOT_YET_DERIVED if module in sys.modules]
-    return (KerpleError, *loaded)
 
 
 def entry_point(prog: str) -> Callable[[Callable[_Params, int]], Callable[_Params, int]]:
@@ -47,7 +33,7 @@ def entry_point(prog: str) -> Callable[[Callable[_Params, int]], Callable[_Param
         def run(*args: _Params.args, **kwargs: _Params.kwargs) -> int:
             try:
                 return main(*args, **kwargs)
-            except _reported() as error:
+            except KerpleError as error:
                 print(f"{prog}: error: {error}", file=sys.stderr)
                 return USER_ERROR_STATUS
 

@@ -14,34 +14,28 @@ checkpoint itself (``args``, ``configs/*.yml`` and tensor shapes). Tensors are c
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 import yaml
 
+from kerple.checkpoint.architecture import (
+    MODEL_OPTIONS,
+    architecture_args,
+    check_architecture,
+    checkpoint_architecture,
+    positional_option_names,
+)
 from kerple.checkpoint.errors import CheckpointError
+from kerple.errors import entry_point
 from kerple.checkpoint.huggingface import export_huggingface, import_huggingface
-from kerple.checkpoint.loading import check_architecture, checkpoint_architecture
+from kerple.checkpoint.neox_layout import NeoxAdapter
 from kerple.checkpoint.reference import read_checkpoint
 from kerple.checkpoint.writer import write_checkpoint
 
-_OPTION_KEYS = (
-    "gpt_j_residual",
-    "norm",
-    "activation",
-    "layernorm_epsilon",
-    "rotary_pct",
-    "rotary_emb_base",
-    "rpe_num_buckets",
-    "rpe_max_distance",
-    "alibi_slope_shift",
-    "alibi_equal_slope",
-    "sandwich_dim",
-    "seq_length",
-    "tokenizer_type",
-)
+# Recorded fields carried into the config of a checkpoint converted without --config.
+_CONFIG_KEYS = (*MODEL_OPTIONS, "layernorm_epsilon", *positional_option_names(), "seq_length", "tokenizer_type")
 
 
 def config_from_checkpoint(ckpt: Any) -> dict[str, Any]:
@@ -61,7 +55,7 @@ def config_from_checkpoint(ckpt: Any) -> dict[str, Any]:
         "no_weight_tying": arch["no_weight_tying"],
         "pos_emb": arch["pos_emb"],
     }
-    for key in _OPTION_KEYS:
+    for key in _CONFIG_KEYS:
         if recorded.get(key) is not None:
             values[key] = recorded[key]
     if "max_position_embeddings" in arch:
@@ -89,18 +83,6 @@ def _neox_yaml(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _architecture_args(cfg: Any, model_parallel_size: int) -> dict[str, Any]:
-    try:
-        from kerple.training.run_state import architecture_args
-
-        args = architecture_args(cfg)
-    except ImportError:
-        args = {name: getattr(cfg.model, name) for name in ("num_layers", "hidden_size", "num_attention_heads", "padded_vocab_size")}
-        args["pos_emb"] = cfg.positional.pos_emb
-    args["model_parallel_size"] = model_parallel_size
-    return args
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="convert_checkpoint.py", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -126,18 +108,20 @@ def convert(args: argparse.Namespace) -> Path:
 
     source = Path(args.source)
     if (source / "model.safetensors").is_file():
-        state, source_config = import_huggingface(source)
+        model_state, source_config = import_huggingface(source)
         iteration, ckpt = args.iteration or 0, None
+        adapter = NeoxAdapter.for_embedding(int(source_config["num_layers"]), str(source_config["pos_emb"]))
+        state = adapter.to_reference(model_state)
     else:
         ckpt = read_checkpoint(source, args.iteration, trust=args.trust_checkpoint)
-        state, iteration = ckpt.state_dict, ckpt.iteration
+        state, iteration, model_state = ckpt.state_dict, ckpt.iteration, ckpt.model_state()
         source_config = config_from_checkpoint(ckpt)
     yamls, override_words = split_arguments(args.config)
     overrides = parse_overrides(override_words)
     if yamls or overrides:
         cfg = load_config(yamls, overrides)
         if ckpt is not None:
-            check_architecture(ckpt, cfg)
+            check_architecture(checkpoint_architecture(ckpt), cfg, ckpt.path, model_parallel_size=ckpt.model_parallel_size)
     else:
         cfg = load_config([], source_config)
     flat = cfg.to_dict()
@@ -149,7 +133,7 @@ def convert(args: argparse.Namespace) -> Path:
             data = cfg.data
             files = [f for f in (data.vocab_file, data.merge_file, data.tokenizer_file) if f and Path(f).is_file()]
         eos = 50256 if cfg.data.tokenizer_type == "GPT2BPETokenizer" and cfg.model.padded_vocab_size > 50256 else None
-        return export_huggingface(state, flat, out, target=args.hf_target, tokenizer_files=files, eos_token_id=eos)
+        return export_huggingface(model_state, flat, out, target=args.hf_target, tokenizer_files=files, eos_token_id=eos)
     flavor = "neox" if args.to == "neox" else "kerple"
     if flavor == "neox":
         text = yaml.safe_dump({key.replace("_", "-"): value for key, value in _neox_yaml(flat).items()}, sort_keys=False)
@@ -159,7 +143,7 @@ def convert(args: argparse.Namespace) -> Path:
         out,
         state,
         iteration=iteration,
-        args=_architecture_args(cfg, args.model_parallel),
+        args=architecture_args(cfg),
         layout=args.layout,
         model_parallel_size=args.model_parallel,
         flavor=flavor,
@@ -168,16 +152,10 @@ def convert(args: argparse.Namespace) -> Path:
     )
 
 
+@entry_point("convert_checkpoint.py")
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: prints the output path, or the error and exits with 2."""
-    from kerple.config import ConfigError
-
-    args = build_parser().parse_args(argv)
-    try:
-        written = convert(args)
-    except (CheckpointError, ConfigError) as err:
-        print(f"convert_checkpoint.py: error: {err}", file=sys.stderr)
-        return 2
+    """Entry point: prints the output path; a project error is one line and exit status 2."""
+    written = convert(build_parser().parse_args(argv))
     print(f"wrote {written}")
     return 0
 

@@ -6,8 +6,10 @@ message and exit with status 2 (as for :class:`kerple.config.ConfigError`).
 
 from __future__ import annotations
 
+from kerple.errors import KerpleError
 
-class CheckpointError(RuntimeError):
+
+class CheckpointError(KerpleError, RuntimeError):
     """A checkpoint cannot be read, converted or written; the message names the path and the fix."""
 
 

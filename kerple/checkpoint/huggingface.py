@@ -16,7 +16,11 @@ Which class an export loads in (see docs/interop.md):
   biases, so such folders load back into kerple only.
 
 Every export stores the full kerple config under ``config.json["kerple"]`` so an import restores it
-exactly; folders from elsewhere (e.g. Pythia) are imported from the standard fields.
+exactly; folders from elsewhere (e.g. Pythia) are imported from the standard fields. Both directions
+work on a :class:`kerple.model.GPTModel`'s own state-dict names; the positional tensors of a
+``kerple`` folder keep GPT-NeoX's per-layer key (``kerple_positional.attention.rpe.bias_p``, from
+:class:`~kerple.checkpoint.neox_layout.NeoxAdapter`) or ``kerple_positional.embedding.<key>`` for an
+input embedding.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Any, Iterable
 import torch
 
 from kerple.checkpoint.errors import CheckpointError
-from kerple.checkpoint.sharding import is_positional, split_key
+from kerple.checkpoint.neox_layout import NeoxAdapter, positional_module_key
 
 LAYER_KEYS: tuple[str, ...] = (
     "input_layernorm.weight",
@@ -48,6 +52,7 @@ LAYER_KEYS: tuple[str, ...] = (
     "mlp.dense_4h_to_h.bias",
 )
 POSITIONAL_PREFIX = "kerple_positional."
+INPUT_POSITIONAL = "embedding."
 # (kerple layer key, GPT-2 key, transpose for Conv1D)
 _GPT2_LAYER = (
     ("input_layernorm.weight", "ln_1.weight", False),
@@ -95,27 +100,25 @@ def target_for(config: dict[str, Any]) -> str:
 
 
 def _layer_count(state: dict[str, torch.Tensor]) -> int:
-    return len({split_key(n)[0] for n in state if n.endswith("attention.query_key_value.weight")})
+    return len({name.split(".")[1] for name in state if name.startswith("layers.")})
 
 
-def _neox_tensors(state: dict[str, torch.Tensor], keep_positional: bool) -> dict[str, torch.Tensor]:
-    layers = _layer_count(state)
-    out: dict[str, torch.Tensor] = {"gpt_neox.embed_in.weight": state["sequential.0.word_embeddings.weight"]}
-    for i in range(layers):
+def _neox_tensors(state: dict[str, torch.Tensor], adapter: NeoxAdapter | None) -> dict[str, torch.Tensor]:
+    """GPTNeoX names for a model state dict; with ``adapter``, the positional tensors too (``kerple``)."""
+    out: dict[str, torch.Tensor] = {"gpt_neox.embed_in.weight": state["embedding.word_embeddings.weight"]}
+    for i in range(_layer_count(state)):
         for key in LAYER_KEYS:
-            out[f"gpt_neox.layers.{i}.{key}"] = state[f"sequential.{i + 2}.{key}"]
+            out[f"gpt_neox.layers.{i}.{key}"] = state[f"layers.{i}.{key}"]
     for part in ("weight", "bias"):
-        out[f"gpt_neox.final_layer_norm.{part}"] = state[f"sequential.{layers + 3}.norm.{part}"]
-    head = f"sequential.{layers + 4}.final_linear.weight"
-    if head in state:
-        out["embed_out.weight"] = state[head]
-    if keep_positional:
+        out[f"gpt_neox.final_layer_norm.{part}"] = state[f"final_norm.{part}"]
+    if "lm_head.weight" in state:
+        out["embed_out.weight"] = state["lm_head.weight"]
+    if adapter is not None:
         for name, tensor in state.items():
-            index, key = split_key(name)
-            if index == 0 and key != "word_embeddings.weight":
-                out[f"{POSITIONAL_PREFIX}embedding.{key}"] = tensor
-            elif index == 2 and is_positional(key):
-                out[f"{POSITIONAL_PREFIX}{key}"] = tensor
+            if name.startswith("positional."):
+                key = name[len("positional.") :]
+                place = INPUT_POSITIONAL + key if adapter.positional_at_input else adapter.positional_key(key)
+                out[POSITIONAL_PREFIX + place] = tensor
     return out
 
 
@@ -127,35 +130,37 @@ def _qkv_blocks(tensor: torch.Tensor, heads: int, to_blocks: bool) -> torch.Tens
     return tensor.reshape(*shape, *rest).transpose(0, 1).reshape(tensor.shape)
 
 
+def _gpt2_names(layers: int) -> list[tuple[str, str, bool]]:
+    """(model key, GPT-2 key, transposed for Conv1D) of every tensor but the fused QKV."""
+    names = [
+        ("embedding.word_embeddings.weight", "transformer.wte.weight", False),
+        ("positional.position_embeddings.weight", "transformer.wpe.weight", False),
+        ("final_norm.weight", "transformer.ln_f.weight", False),
+        ("final_norm.bias", "transformer.ln_f.bias", False),
+        ("lm_head.weight", "lm_head.weight", False),
+    ]
+    for i in range(layers):
+        names += [(f"layers.{i}.{key}", f"transformer.h.{i}.{name}", transpose) for key, name, transpose in _GPT2_LAYER]
+    return names
+
+
 def _gpt2_tensors(state: dict[str, torch.Tensor], heads: int) -> dict[str, torch.Tensor]:
     layers = _layer_count(state)
-    out = {
-        "transformer.wte.weight": state["sequential.0.word_embeddings.weight"],
-        "transformer.wpe.weight": state["sequential.0.position_embeddings.weight"],
-    }
+    out = {name: state[key].t() if transpose else state[key] for key, name, transpose in _gpt2_names(layers) if key in state}
     for i in range(layers):
-        prefix = f"sequential.{i + 2}."
-        for key, name, transpose in _GPT2_LAYER:
-            tensor = state[prefix + key]
-            out[f"transformer.h.{i}.{name}"] = tensor.t() if transpose else tensor
-        qkv_w = _qkv_blocks(state[prefix + "attention.query_key_value.weight"], heads, to_blocks=True)
-        out[f"transformer.h.{i}.attn.c_attn.weight"] = qkv_w.t()
-        out[f"transformer.h.{i}.attn.c_attn.bias"] = _qkv_blocks(state[prefix + "attention.query_key_value.bias"], heads, True)
-    for part in ("weight", "bias"):
-        out[f"transformer.ln_f.{part}"] = state[f"sequential.{layers + 3}.norm.{part}"]
-    head = f"sequential.{layers + 4}.final_linear.weight"
-    if head in state:
-        out["lm_head.weight"] = state[head]
+        qkv = f"layers.{i}.attention.query_key_value."
+        out[f"transformer.h.{i}.attn.c_attn.weight"] = _qkv_blocks(state[qkv + "weight"], heads, to_blocks=True).t()
+        out[f"transformer.h.{i}.attn.c_attn.bias"] = _qkv_blocks(state[qkv + "bias"], heads, to_blocks=True)
     return out
 
 
 def _hf_config(target: str, config: dict[str, Any], state: dict[str, torch.Tensor], eos: int | None) -> dict[str, Any]:
     arch = _architecture(config)
     layers = _layer_count(state)
-    vocab = int(state["sequential.0.word_embeddings.weight"].shape[0])
-    tied = f"sequential.{layers + 4}.final_linear.weight" not in state
-    dtype = str(state["sequential.0.word_embeddings.weight"].dtype).replace("torch.", "")
-    common = {"vocab_size": vocab, "tie_word_embeddings": tied, "dtype": dtype, "torch_dtype": dtype}
+    embedding = state["embedding.word_embeddings.weight"]
+    tied = "lm_head.weight" not in state
+    dtype = str(embedding.dtype).replace("torch.", "")
+    common = {"vocab_size": int(embedding.shape[0]), "tie_word_embeddings": tied, "dtype": dtype, "torch_dtype": dtype}
     if eos is not None:
         common.update(bos_token_id=eos, eos_token_id=eos)
     if target == "gpt2":
@@ -166,7 +171,7 @@ def _hf_config(target: str, config: dict[str, Any], state: dict[str, torch.Tenso
             "n_layer": layers,
             "n_head": arch["num_attention_heads"],
             "n_inner": 4 * arch["hidden_size"],
-            "n_positions": int(state["sequential.0.position_embeddings.weight"].shape[0]),
+            "n_positions": int(state["positional.position_embeddings.weight"].shape[0]),
             "activation_function": "gelu",
             "layer_norm_epsilon": arch["layernorm_epsilon"],
             "resid_pdrop": 0.0,
@@ -231,7 +236,8 @@ def export_huggingface(
     tokenizer_files: Iterable[str | Path] = (),
     eos_token_id: int | None = None,
 ) -> Path:
-    """Write ``state`` (full, ``sequential.N.*``) as a Hugging Face folder at ``out_dir``.
+    """Write the model state dict ``state`` (a whole :class:`~kerple.model.GPTModel`'s names) as a
+    Hugging Face folder at ``out_dir``.
 
     ``config`` is the flat kerple config (``Config.to_dict()`` plus ``padded_vocab_size``);
     ``target`` defaults to :func:`target_for`. The folder is assembled under a temporary name and
@@ -249,7 +255,7 @@ def export_huggingface(
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise CheckpointError(f"{out} exists and is not empty; choose a new output folder")
-    required = "sequential.0.position_embeddings.weight" if target == "gpt2" else "sequential.0.word_embeddings.weight"
+    required = "positional.position_embeddings.weight" if target == "gpt2" else "embedding.word_embeddings.weight"
     if required not in state:
         raise CheckpointError(
             f"the weights have no {required!r}, so they are not a {config.get('pos_emb')!r} model as the config says; "
@@ -258,7 +264,9 @@ def export_huggingface(
     if target == "gpt2":
         tensors = _gpt2_tensors(state, int(config["num_attention_heads"]))
     else:
-        tensors = _neox_tensors(state, keep_positional=target == "kerple")
+        kerple = target == "kerple"
+        adapter = NeoxAdapter.for_embedding(_layer_count(state), str(config.get("pos_emb", "learned"))) if kerple else None
+        tensors = _neox_tensors(state, adapter)
     tensors = {name: t.detach().cpu().contiguous().clone() for name, t in tensors.items()}
     hf = _hf_config(target, config, state, eos_token_id)
     hf["kerple"] = {"format": 1, "target": target, "config": config}
@@ -315,8 +323,7 @@ def _config_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
 def import_huggingface(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Read a Hugging Face folder (exported here, or a stock GPTNeoX / GPT-2 one).
 
-    Returns the full state dict in ``sequential.N.*`` naming (positional tensors copied into every
-    layer) and a flat kerple config dict (``load_config([], overrides=...)`` accepts it; for
+    Returns the state dict under a :class:`~kerple.model.GPTModel`'s names and a flat kerple config dict (``load_config([], overrides=...)`` accepts it; for
     folders exported here it is the exporting run's config).
     """
     from safetensors.torch import load_file
@@ -345,50 +352,38 @@ def _add_inv_freq(state: dict[str, torch.Tensor], config: dict[str, Any]) -> Non
     head_dim = int(config["hidden_size"]) // int(config["num_attention_heads"])
     ndims = int(head_dim * float(config.get("rotary_pct", 1.0)))
     exponents = torch.arange(0, ndims, 2, dtype=torch.float32) / ndims
-    inv_freq = 1.0 / (float(config.get("rotary_emb_base", 10000.0)) ** exponents)
-    for index in sorted({split_key(n)[0] for n in state if n.endswith("attention.query_key_value.weight")}):
-        state.setdefault(f"sequential.{index}.attention.rotary_emb.inv_freq", inv_freq)
+    state.setdefault("positional.inv_freq", 1.0 / (float(config.get("rotary_emb_base", 10000.0)) ** exponents))
 
 
 def _from_neox(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     layers = len({name.split(".")[2] for name in tensors if name.startswith("gpt_neox.layers.")})
-    state = {"sequential.0.word_embeddings.weight": tensors["gpt_neox.embed_in.weight"]}
+    state = {"embedding.word_embeddings.weight": tensors["gpt_neox.embed_in.weight"]}
     for i in range(layers):
         for key in LAYER_KEYS:
-            state[f"sequential.{i + 2}.{key}"] = tensors[f"gpt_neox.layers.{i}.{key}"]
+            state[f"layers.{i}.{key}"] = tensors[f"gpt_neox.layers.{i}.{key}"]
     for part in ("weight", "bias"):
-        state[f"sequential.{layers + 3}.norm.{part}"] = tensors[f"gpt_neox.final_layer_norm.{part}"]
+        state[f"final_norm.{part}"] = tensors[f"gpt_neox.final_layer_norm.{part}"]
     head = tensors.get("embed_out.weight", tensors.get("lm_head.weight"))
     if head is not None:
-        state[f"sequential.{layers + 4}.final_linear.weight"] = head
+        state["lm_head.weight"] = head
     for name, tensor in tensors.items():
-        if not name.startswith(POSITIONAL_PREFIX):
-            continue
-        key = name[len(POSITIONAL_PREFIX) :]
-        if key.startswith("embedding."):
-            state[f"sequential.0.{key[len('embedding.') :]}"] = tensor
-        else:
-            for i in range(layers):
-                state[f"sequential.{i + 2}.{key}"] = tensor
+        if name.startswith(POSITIONAL_PREFIX + INPUT_POSITIONAL):
+            state["positional." + name[len(POSITIONAL_PREFIX + INPUT_POSITIONAL) :]] = tensor
+        elif name.startswith(POSITIONAL_PREFIX):  # kerple_positional.attention.<module>.<key>
+            state["positional." + positional_module_key(name[len(POSITIONAL_PREFIX) :])] = tensor
     return state
 
 
 def _from_gpt2(tensors: dict[str, torch.Tensor], heads: int) -> dict[str, torch.Tensor]:
-    tensors = {name.removeprefix("transformer."): t for name, t in tensors.items()}
-    layers = len({name.split(".")[1] for name in tensors if name.startswith("h.")})
+    tensors = {name if name == "lm_head.weight" else "transformer." + name.removeprefix("transformer."): t for name, t in tensors.items()}
+    layers = len({name.split(".")[2] for name in tensors if name.startswith("transformer.h.")})
     state = {
-        "sequential.0.word_embeddings.weight": tensors["wte.weight"],
-        "sequential.0.position_embeddings.weight": tensors["wpe.weight"],
+        key: tensors[name].t().contiguous() if transpose else tensors[name]
+        for key, name, transpose in _gpt2_names(layers)
+        if name in tensors
     }
     for i in range(layers):
-        prefix = f"sequential.{i + 2}."
-        for key, name, transpose in _GPT2_LAYER:
-            tensor = tensors[f"h.{i}.{name}"]
-            state[prefix + key] = tensor.t().contiguous() if transpose else tensor
-        state[prefix + "attention.query_key_value.weight"] = _qkv_blocks(tensors[f"h.{i}.attn.c_attn.weight"].t(), heads, False)
-        state[prefix + "attention.query_key_value.bias"] = _qkv_blocks(tensors[f"h.{i}.attn.c_attn.bias"], heads, False)
-    for part in ("weight", "bias"):
-        state[f"sequential.{layers + 3}.norm.{part}"] = tensors[f"ln_f.{part}"]
-    if "lm_head.weight" in tensors:
-        state[f"sequential.{layers + 4}.final_linear.weight"] = tensors["lm_head.weight"]
+        block = f"transformer.h.{i}.attn.c_attn."
+        state[f"layers.{i}.attention.query_key_value.weight"] = _qkv_blocks(tensors[block + "weight"].t(), heads, False)
+        state[f"layers.{i}.attention.query_key_value.bias"] = _qkv_blocks(tensors[block + "bias"], heads, False)
     return state

@@ -9,17 +9,18 @@ Handles:
   **sequential** layout, ``sequential.<N>.`` keys in ``mp_rank_<MM>_model_states.pt['module']``;
 * several model-parallel ranks, merged with :func:`kerple.checkpoint.sharding.merge_model_parallel`;
 * the shared positional tensors (``attention.rpe.bias_p`` ...) stored in every layer: the copies
-  must agree (:func:`~kerple.checkpoint.sharding.check_shared_positional`);
+  must agree (:func:`~kerple.checkpoint.neox_layout.check_shared_positional`);
 * the reference's ``pos_emb`` strings (``kerple_power_ap_`` ...) resolved by the registry, from
   ``args`` or from the run's ``configs/*.yml``.
 
 Every file is read with :func:`kerple.checkpoint.safe_load.safe_torch_load` (no code runs unless
-``trust``). The result keeps this project's key names: ``sequential.<N>.<reference key>``.
+``trust``). The result keeps the checkpoint's names, ``sequential.<N>.<reference key>``; its
+:meth:`LoadedCheckpoint.model_state` gives the model's names through the checkpoint's
+:class:`~kerple.checkpoint.neox_layout.NeoxAdapter`.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,14 +29,10 @@ import torch
 import yaml
 
 from kerple.checkpoint.errors import CheckpointError, ModelParallelError
+from kerple.checkpoint.files import LAYER_FILE, MP_FILE, checkpoint_to_read, trailing_step
+from kerple.checkpoint.neox_layout import WORD_EMBEDDINGS, NeoxAdapter, check_shared_positional, infer_pos_emb, join_key
 from kerple.checkpoint.safe_load import safe_torch_load
-from kerple.checkpoint.sharding import ShardSpec, check_shared_positional, merge_model_parallel, split_key
-
-LATEST_FILE = "latest"
-LAYER_FILE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
-MP_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
-TAG_STEP = re.compile(r"(\d+)$")
-QKV_KEY = "attention.query_key_value.weight"
+from kerple.checkpoint.sharding import ShardSpec, merge_model_parallel
 
 
 @dataclass
@@ -46,6 +43,7 @@ class LoadedCheckpoint:
     stored. ``args``: the ``args`` record of ``mp_rank_00`` as a dict. ``config``: the merged
     ``configs/*.yml`` with keys normalised to underscores (empty when absent). ``pos_emb``: the
     canonical registry name, or the raw string when the registry does not know it, or ``None``.
+    ``adapter``: the GPT-NeoX names the keys follow (layer count, where the positional tensors sit).
     """
 
     path: Path
@@ -60,45 +58,17 @@ class LoadedCheckpoint:
     is_kerple_format: bool = False
 
     @property
+    def adapter(self) -> NeoxAdapter:
+        return NeoxAdapter.for_reference(self.state_dict)
+
+    @property
     def num_layers(self) -> int:
         """Number of transformer layers (files or keys holding ``attention.query_key_value.weight``)."""
-        return len(transformer_indices(self.state_dict))
+        return self.adapter.num_layers
 
-
-def transformer_indices(state: dict[str, torch.Tensor]) -> list[int]:
-    """Sorted pipeline indices whose keys include the fused QKV weight."""
-    return sorted({split_key(name)[0] for name in state if split_key(name)[1] == QKV_KEY})
-
-
-def _looks_like_checkpoint(path: Path) -> bool:
-    return path.is_dir() and any(LAYER_FILE.match(p.name) or MP_FILE.match(p.name) for p in path.iterdir())
-
-
-def resolve_checkpoint_dir(load_dir: str | Path, iteration: int | None = None) -> Path:
-    """The tag directory to read: ``load_dir/global_step<iteration>``, the tag named by
-    ``load_dir/latest``, or ``load_dir`` itself when it already holds checkpoint files."""
-    root = Path(load_dir)
-    if not root.is_dir():
-        raise CheckpointError(f"checkpoint directory {root} does not exist")
-    if iteration is not None:
-        candidate = root / f"global_step{int(iteration)}"
-        if candidate.is_dir():
-            return candidate
-        if _looks_like_checkpoint(root) and TAG_STEP.search(root.name) and int(TAG_STEP.search(root.name).group(1)) == iteration:
-            return root
-        available = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("global_step"))
-        raise CheckpointError(f"no checkpoint {candidate} (available in {root}: {', '.join(available) or 'none'})")
-    latest = root / LATEST_FILE
-    if latest.is_file():
-        tag = latest.read_text().strip()
-        if not tag or not (root / tag).is_dir():
-            raise CheckpointError(f"{latest} names {tag!r}, which is not a directory in {root}; pass the iteration explicitly")
-        return root / tag
-    if _looks_like_checkpoint(root):
-        return root
-    tags = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("global_step"))
-    hint = f" (it has {', '.join(tags)}: pass the iteration)" if tags else ""
-    raise CheckpointError(f"{root} has no '{LATEST_FILE}' file and no checkpoint files{hint}")
+    def model_state(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """``state`` (default: :attr:`state_dict`, or one model-parallel rank's part of it) under the model's names."""
+        return self.adapter.from_reference(self.state_dict if state is None else state, self.path)
 
 
 def _plain_args(args: Any) -> dict[str, Any]:
@@ -139,20 +109,6 @@ def canonical_pos_emb(name: str | None) -> str | None:
         return str(name)
 
 
-def infer_pos_emb(state: dict[str, torch.Tensor]) -> str | None:
-    """The embedding implied by the tensors, or ``None`` when they do not tell (KERPLE log vs power)."""
-    keys = {split_key(name)[1] for name in state}
-    if "position_embeddings.weight" in keys:
-        return "learned"
-    if "attention.rotary_emb.inv_freq" in keys:
-        return "rotary"
-    if "attention.alibi_embed.slopes" in keys:
-        return "alibi"
-    if "attention.rpe.weight" in keys:
-        return "rpe"
-    return None  # KERPLE log vs power, none / sinusoidal / sandwich: the tensors do not tell
-
-
 def _strip_prefix(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Drop a DeepSpeed ``module.`` prefix; keep only tensors."""
     out = {}
@@ -189,25 +145,37 @@ def _read_pipeline(checkpoint_dir: Path, trust: bool) -> list[dict[str, torch.Te
             tensors = safe_torch_load(files[rank][index], trust=trust)
             if not isinstance(tensors, dict):
                 raise CheckpointError(f"{files[rank][index]} does not hold a state dict (found {type(tensors).__name__})")
-            state.update({f"sequential.{index}.{key}": value for key, value in _strip_prefix(tensors).items()})
+            state.update({join_key(index, key): value for key, value in _strip_prefix(tensors).items()})
         out.append(state)
     return out
 
 
-def _check_indices(state: dict[str, torch.Tensor], source: Path) -> None:
-    """The pipeline indices must follow docs/reference-format.md §6: 0, 2..L+1, L+3, (L+4)."""
-    layers = transformer_indices(state)
-    if not layers:
-        raise CheckpointError(f"{source}: no transformer layer holds {QKV_KEY!r}; this is not a GPT-NeoX checkpoint")
-    count = len(layers)
-    expected = list(range(2, count + 2))
-    present = sorted({split_key(name)[0] for name in state})
-    allowed = {0, *expected, count + 3, count + 4}
-    if layers != expected or not set(present) <= allowed:
+def _read_ranks(checkpoint_dir: Path, trust: bool) -> tuple[dict[str, Any], str, list[dict[str, torch.Tensor]]]:
+    """The ``mp_rank_00`` record, the layout, and per model-parallel rank ``{sequential.N.key: tensor}``."""
+    mp_files = sorted(
+        (int(m.group(1)), p) for p in checkpoint_dir.iterdir() if (m := MP_FILE.match(p.name)) is not None
+    )
+    meta: dict[str, Any] = {}
+    if mp_files:
+        loaded = safe_torch_load(mp_files[0][1], trust=trust)
+        meta = loaded if isinstance(loaded, dict) else {}
+    if any(LAYER_FILE.match(p.name) for p in checkpoint_dir.iterdir()):
+        return meta, "pipeline", _read_pipeline(checkpoint_dir, trust)
+    if not isinstance(meta.get("module"), dict):
         raise CheckpointError(
-            f"{source}: pipeline indices {present} do not follow the GPT-NeoX layout for {count} layers "
-            f"(0 embedding, 2..{count + 1} layers, {count + 3} final norm, {count + 4} head)"
+            f"{checkpoint_dir} has neither layer_*-model_*-model_states.pt files nor a 'module' state dict in "
+            "mp_rank_00_model_states.pt"
         )
+    numbers = [number for number, _ in mp_files]
+    if numbers != list(range(len(numbers))):
+        raise ModelParallelError(f"{checkpoint_dir} has mp_rank files {numbers}; ranks 0..{max(numbers)} must all be present")
+    ranks = [_strip_prefix(meta["module"])]
+    for _, path in mp_files[1:]:
+        other = safe_torch_load(path, trust=trust)
+        if not isinstance(other, dict) or not isinstance(other.get("module"), dict):
+            raise CheckpointError(f"{path} has no 'module' state dict, unlike mp_rank_00")
+        ranks.append(_strip_prefix(other["module"]))
+    return meta, "sequential", ranks
 
 
 def read_checkpoint(
@@ -218,34 +186,8 @@ def read_checkpoint(
     ``num_heads`` is used when the checkpoint's ``args`` lack ``num_attention_heads`` (needed to
     merge per-head positional tensors).
     """
-    checkpoint_dir = resolve_checkpoint_dir(load_dir, iteration)
-    mp_files = sorted(
-        (int(m.group(1)), p) for p in checkpoint_dir.iterdir() if (m := MP_FILE.match(p.name)) is not None
-    )
-    meta: dict[str, Any] = {}
-    if mp_files:
-        loaded = safe_torch_load(mp_files[0][1], trust=trust)
-        meta = loaded if isinstance(loaded, dict) else {}
-    has_layer_files = any(LAYER_FILE.match(p.name) for p in checkpoint_dir.iterdir())
-    if has_layer_files:
-        layout = "pipeline"
-        ranks = _read_pipeline(checkpoint_dir, trust)
-    elif isinstance(meta.get("module"), dict):
-        layout = "sequential"
-        numbers = [number for number, _ in mp_files]
-        if numbers != list(range(len(numbers))):
-            raise ModelParallelError(f"{checkpoint_dir} has mp_rank files {numbers}; ranks 0..{max(numbers)} must all be present")
-        ranks = [_strip_prefix(meta["module"])]
-        for _, path in mp_files[1:]:
-            other = safe_torch_load(path, trust=trust)
-            if not isinstance(other, dict) or not isinstance(other.get("module"), dict):
-                raise CheckpointError(f"{path} has no 'module' state dict, unlike mp_rank_00")
-            ranks.append(_strip_prefix(other["module"]))
-    else:
-        raise CheckpointError(
-            f"{checkpoint_dir} has neither layer_*-model_*-model_states.pt files nor a 'module' state dict in "
-            "mp_rank_00_model_states.pt"
-        )
+    checkpoint_dir = checkpoint_to_read(load_dir, iteration)
+    meta, layout, ranks = _read_ranks(checkpoint_dir, trust)
     args = _plain_args(meta.get("args"))
     declared = args.get("model_parallel_size")
     if declared is not None and int(declared) != len(ranks):
@@ -262,14 +204,13 @@ def read_checkpoint(
             f"{checkpoint_dir}: cannot merge {len(ranks)} model-parallel ranks without num_attention_heads "
             "(not in args or configs/); pass it from the config"
         )
-    embedding = next((t for n, t in ranks[0].items() if n.endswith(".word_embeddings.weight")), None)
+    embedding = ranks[0].get(join_key(0, WORD_EMBEDDINGS))
     hidden = int(embedding.shape[1]) if embedding is not None else int(args.get("hidden_size", 0))
     state = merge_model_parallel(ranks, ShardSpec(num_heads=int(heads or 0), hidden_size=hidden))
-    _check_indices(state, checkpoint_dir)
+    NeoxAdapter.for_reference(state).check_indices(state, checkpoint_dir)
     step = meta.get("iteration", meta.get("global_steps"))
     if step is None:
-        found = TAG_STEP.search(checkpoint_dir.name)
-        step = int(found.group(1)) if found else 0
+        step = trailing_step(checkpoint_dir.name) or 0
     pos_emb = args.get("pos_emb", config.get("pos_emb"))
     if pos_emb is None:
         # a saved reference config without pos-emb means its default; else read the tensors

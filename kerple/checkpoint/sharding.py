@@ -20,12 +20,12 @@ gives the full ``[H, 3, head_dim]`` layout: no permutation is needed, in either 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch
 
 from kerple.checkpoint.errors import ModelParallelError
+from kerple.checkpoint.neox_layout import layer_key
 
 COLUMN_PARALLEL: frozenset[str] = frozenset(
     {
@@ -39,7 +39,6 @@ COLUMN_PARALLEL: frozenset[str] = frozenset(
 ROW_PARALLEL: frozenset[str] = frozenset({"attention.dense.weight", "mlp.dense_4h_to_h.weight"})
 PER_HEAD_MODULES: tuple[str, ...] = ("attention.rpe.", "attention.alibi_embed.")
 HEAD_KEY = "final_linear.weight"
-_KEY = re.compile(r"^sequential\.(\d+)\.(.+)$")
 
 
 @dataclass(frozen=True)
@@ -53,19 +52,6 @@ class ShardSpec:
     num_heads: int
     hidden_size: int
     output_layer_parallelism: str = "column"
-
-
-def split_key(name: str) -> tuple[int, str]:
-    """``sequential.<N>.<key>`` -> ``(N, key)``; ``CheckpointError`` names a key of another form."""
-    match = _KEY.match(name)
-    if match is None:
-        raise ModelParallelError(f"state-dict key {name!r} is not of the form 'sequential.<index>.<key>'")
-    return int(match.group(1)), match.group(2)
-
-
-def is_positional(key: str) -> bool:
-    """Whether a per-layer key belongs to the shared positional module (``attention.rpe.bias_p`` ...)."""
-    return key.startswith("attention.") and not key.startswith(("attention.query_key_value.", "attention.dense."))
 
 
 def _head_dim_of(key: str, tensor: torch.Tensor) -> int | None:
@@ -132,7 +118,7 @@ def merge_model_parallel(ranks: list[dict[str, torch.Tensor]], spec: ShardSpec) 
             )
     merged: dict[str, torch.Tensor] = {}
     for name in names:
-        key = _KEY.sub(r"\2", name)
+        key = layer_key(name)
         pieces = [state[name] for state in ranks]
         dim = _merge_dim(key, pieces[0], spec, len(ranks))
         if dim is None:
@@ -159,7 +145,7 @@ def split_model_parallel(state: dict[str, torch.Tensor], ranks: int, spec: Shard
         )
     out: list[dict[str, torch.Tensor]] = [{} for _ in range(ranks)]
     for name, tensor in state.items():
-        key = _KEY.sub(r"\2", name)
+        key = layer_key(name)
         dim = _split_dim(key, tensor, spec)
         if dim is None:
             for shard in out:
@@ -173,29 +159,3 @@ def split_model_parallel(state: dict[str, torch.Tensor], ranks: int, spec: Shard
         for shard, piece in zip(out, tensor.chunk(ranks, dim=dim)):
             shard[name] = piece.clone()
     return out
-
-
-def check_shared_positional(state: dict[str, torch.Tensor], source: str) -> None:
-    """Every layer's copy of a shared positional tensor must be identical (docs/reference-format.md §2, §6).
-
-    Raises :class:`ModelParallelError` naming the tensor and the layer indices that differ from
-    the first layer's copy.
-    """
-    copies: dict[str, list[tuple[int, torch.Tensor]]] = {}
-    for name, tensor in state.items():
-        index, key = split_key(name)
-        if is_positional(key):
-            copies.setdefault(key, []).append((index, tensor))
-    for key, entries in copies.items():
-        first_index, first = entries[0]
-        differing = [
-            index
-            for index, tensor in entries[1:]
-            if tensor.shape != first.shape or not torch.equal(tensor.to(first.dtype), first)
-        ]
-        if differing:
-            raise ModelParallelError(
-                f"{source}: the shared positional tensor {key!r} differs between layer {first_index} and "
-                f"layer(s) {differing}; the reference stores one module in every layer file, so the copies "
-                "must be identical (the checkpoint is corrupted or was edited)"
-            )

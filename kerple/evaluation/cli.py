@@ -105,7 +105,7 @@ def load_trained_model(
     ``load`` defaults to the config's ``load``, then ``save``. Returns (model, folder, iteration).
     """
     from kerple.model import build_model
-    from kerple.training.checkpoint import load_model_weights
+    from kerple.checkpoint import load_model_weights
 
     load_dir = load or cfg.checkpointing.load or cfg.checkpointing.save
     if not load_dir:

@@ -144,18 +144,11 @@ def load_any(model: nn.Module, path: str | Path, iteration: int | None, cfg: Any
     """Load a Hugging Face export (``config.json`` + ``model.safetensors``) or any checkpoint directory."""
     folder = Path(path)
     if (folder / "model.safetensors").is_file():
+        from kerple.checkpoint import check_architecture, load_into_model, state_architecture
         from kerple.checkpoint.huggingface import import_huggingface
-        from kerple.checkpoint.loading import load_into_model
 
         state, exported = import_huggingface(folder)
-        wanted = {"num_layers": cfg.model.num_layers, "hidden_size": cfg.model.hidden_size,
-                  "num_attention_heads": cfg.model.num_attention_heads, "pos_emb": cfg.positional.pos_emb}
-        problems = [f"{key}: export {exported.get(key)!r} vs config {value!r}" for key, value in wanted.items()
-                    if key in exported and exported[key] != value]
-        if problems:
-            from kerple.checkpoint.errors import ArchitectureMismatchError
-
-            raise ArchitectureMismatchError(f"{folder} does not match the config: {'; '.join(problems)}", list(wanted))
+        check_architecture(state_architecture(state, exported, exported.get("pos_emb")), cfg, folder)
         load_into_model(model, state, folder)
         return 0
     from kerple.checkpoint.loading import load_model_weights

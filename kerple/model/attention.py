@@ -26,10 +26,9 @@ The layer never names an embedding: it only asks whether a table is ``None``.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -53,25 +52,6 @@ CPU_FLEX_MIN_LENGTH = 2048
 RotateFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def _accepts_old_learnable_argument(position: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Drop a bool passed at ``position``: the ``learnable`` argument the functions below no longer
-    take, still passed by the three calls in ``kerple/model/gpt.py`` (``set_attention``,
-    ``resolve_attention_impl``, ``_context``). Delete this decorator when those calls drop it;
-    a device type is a ``str``, never a ``bool``, so new-style calls pass through unchanged."""
-
-    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(function)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if len(args) > position and isinstance(args[position], bool):
-                args = args[:position] + args[position + 1 :]
-            return function(*args, **kwargs)
-
-        return call
-
-    return decorate
-
-
-@_accepts_old_learnable_argument(2)
 def unsupported_reason(impl: str, kind: PositionKind | str, device_type: str, training: bool) -> str | None:
     """Why ``impl`` cannot serve an embedding of ``kind`` on ``device_type``; ``None`` if it can.
 
@@ -95,7 +75,6 @@ def unsupported_reason(impl: str, kind: PositionKind | str, device_type: str, tr
     return None
 
 
-@_accepts_old_learnable_argument(1)
 def choose_implementation(
     kind: PositionKind | str,
     device_type: str,
@@ -277,9 +256,8 @@ KERNELS: dict[str, Callable[..., torch.Tensor]] = {
 class SelfAttention(nn.Module):
     """GPT-NeoX attention block: fused ``query_key_value`` ``[3h, h]`` and output ``dense`` ``[h, h]``.
 
-    The shared positional module is registered under this module by the model (so its tensors
-    appear as ``attention.<state_dict_name>.*`` in every layer, docs/reference-format.md §6); this class only
-    uses the hooks handed over in :class:`AttentionContext`.
+    The shared positional module belongs to the model, not to this block: this class only uses the
+    hooks handed over in :class:`AttentionContext`.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, layer_index: int) -> None:

@@ -1,22 +1,11 @@
-"""GPT-NeoX language model with a pluggable positional embedding (docs/reference-format.md §3-4, §6).
+"""GPT-NeoX language model with a pluggable positional embedding (docs/reference-format.md §3-4).
 
-State-dict layout: ``sequential.<N>.<reference key>`` with the reference's pipeline indices
-(0 embedding, 2..L+1 layers, L+3 final norm, L+4 untied head), so the reference's per-layer file
-``layer_NN-model_00-model_states.pt`` holds exactly the keys under ``sequential.NN.``.
-
-The positional embedding is ONE module shared by all layers (docs/reference-format.md §2: one set of
-parameters per model). Where it is registered decides its keys:
-
-* input embeddings (``kind == INPUT``: learned, sinusoidal) are adopted by stage 0, giving
-  ``sequential.0.position_embeddings.weight``;
-* every other embedding is registered under each layer's attention as
-  ``attention.<state_dict_name>`` (``attention.rpe.bias_p``, ``attention.alibi_embed.slopes``,
-  ``attention.rotary_emb.inv_freq``, ...; ``attention.positional`` when the embedding names no
-  reference module). PyTorch emits a shared module under every path, so each layer's keys hold the
-  same tensor, exactly like the reference's identical copies; ``parameters()`` yields it once and
-  ``load_state_dict`` writes every copy into the one tensor. Which buffers are persistent is the
-  embedding's decision (``register_buffer(..., persistent=...)``), made to match the reference's
-  key list.
+Structure (and ``state_dict()`` names): ``embedding`` (:class:`TokenEmbedding`: word embeddings,
+dropout), ``positional`` (the ONE positional module, shared by all layers: docs/reference-format.md
+§2), ``layers`` (``nn.ModuleList`` of :class:`TransformerLayer`), ``final_norm`` (the norm module)
+and ``lm_head`` (``nn.Linear`` without bias, or ``None`` when tied to the word embeddings). The
+model knows nothing of how checkpoints store it: GPT-NeoX's ``sequential.<N>`` names, their index
+gaps and the per-layer copies of the positional tensors are :mod:`kerple.checkpoint.neox_layout`'s.
 
 The distance tables are computed ONCE per forward and handed to every layer in an
 :class:`~kerple.model.attention.AttentionContext`.
@@ -32,7 +21,7 @@ of the recomputed graph, so their parameters receive the same gradients.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +32,9 @@ from kerple.model.attention import AUTO, AttentionContext, choose_implementation
 from kerple.model.cache import KVCache
 from kerple.model.flex import FlexAttentionKernel
 from kerple.model.init import init_function
-from kerple.model.transformer import EmbeddingStage, FinalNormStage, LMHeadStage, TransformerLayer
-from kerple.positional.base import PositionalEmbedding, PositionKind
+from kerple.model.mlp import build_norm
+from kerple.model.transformer import TokenEmbedding, TransformerLayer
+from kerple.positional.base import PositionalEmbedding
 
 
 class GPTModel(nn.Module):
@@ -92,17 +82,10 @@ class GPTModel(nn.Module):
         self.num_heads = num_attention_heads
         self.vocab_size = padded_vocab_size
         self.attention_dropout = attention_dropout
-        # A plain attribute, not a registered submodule: its tensors are registered where the
-        # reference stores them (see the module docstring).
-        object.__setattr__(self, "_positional", positional)
-        input_kind = positional.kind == PositionKind.INPUT
-
-        self.sequential = nn.ModuleDict()
-        self.sequential["0"] = EmbeddingStage(
-            padded_vocab_size, hidden_size, hidden_dropout, positional if input_kind else None
-        )
-        for index in range(num_layers):
-            layer = TransformerLayer(
+        self.embedding = TokenEmbedding(padded_vocab_size, hidden_size, hidden_dropout)
+        self.positional = positional
+        self.layers = nn.ModuleList(
+            TransformerLayer(
                 hidden_size=hidden_size,
                 num_heads=num_attention_heads,
                 layer_index=index,
@@ -112,12 +95,10 @@ class GPTModel(nn.Module):
                 hidden_dropout=hidden_dropout,
                 gpt_j_residual=gpt_j_residual,
             )
-            if not input_kind:
-                layer.attention.add_module(positional.state_dict_name or "positional", positional)
-            self.sequential[str(index + 2)] = layer
-        self.sequential[str(num_layers + 3)] = FinalNormStage(norm, hidden_size, layernorm_epsilon)
-        if no_weight_tying:
-            self.sequential[str(num_layers + 4)] = LMHeadStage(hidden_size, padded_vocab_size)
+            for index in range(num_layers)
+        )
+        self.final_norm = build_norm(norm, hidden_size, layernorm_epsilon)
+        self.lm_head = nn.Linear(hidden_size, padded_vocab_size, bias=False) if no_weight_tying else None
 
         self._flex = FlexAttentionKernel(compile=flex_compile)
         self.attention_impl = "eager"
@@ -127,29 +108,9 @@ class GPTModel(nn.Module):
 
     # --- structure --------------------------------------------------------------------------
     @property
-    def positional(self) -> PositionalEmbedding:
-        """The one positional module shared by every layer."""
-        return self._positional
-
-    @property
-    def embedding(self) -> EmbeddingStage:
-        return self.sequential["0"]
-
-    @property
-    def layers(self) -> list[TransformerLayer]:
-        return [self.sequential[str(index + 2)] for index in range(self.num_layers)]
-
-    @property
-    def final_norm(self) -> nn.Module:
-        return self.sequential[str(self.num_layers + 3)].norm
-
-    @property
     def lm_head_weight(self) -> torch.Tensor:
-        """``final_linear.weight`` ``[V, h]``, or the word embeddings when tied."""
-        head = str(self.num_layers + 4)
-        if head in self.sequential:
-            return self.sequential[head].final_linear.weight
-        return self.embedding.word_embeddings.weight
+        """The LM head's weight ``[V, h]``, or the word embeddings when tied."""
+        return self.embedding.word_embeddings.weight if self.lm_head is None else self.lm_head.weight
 
     def set_attention(self, impl: str | None = None, window: int | None | str = "keep") -> None:
         """Switch the attention kernel and/or window; raises ``ValueError`` for a combination that cannot work.
@@ -159,7 +120,7 @@ class GPTModel(nn.Module):
         """
         impl = self.attention_impl if impl is None else impl
         reason = None if impl == AUTO else unsupported_reason(
-            impl, self.positional.kind, self.positional.learnable, "cuda", training=False
+            impl, self.positional.kind, "cuda", training=False
         )
         if reason is not None:
             raise ValueError(reason)
@@ -175,7 +136,6 @@ class GPTModel(nn.Module):
             return self.attention_impl
         return choose_implementation(
             self.positional.kind,
-            self.positional.learnable,
             device_type,
             training,
             seq_len,
@@ -202,16 +162,15 @@ class GPTModel(nn.Module):
             layer.input_layernorm.reset_parameters()
             layer.post_attention_layernorm.reset_parameters()
         self.final_norm.reset_parameters()
-        head = str(self.num_layers + 4)
-        if head in self.sequential:
-            init_weight(self.sequential[head].final_linear.weight)
+        if self.lm_head is not None:
+            init_weight(self.lm_head.weight)
 
     def new_cache(self, window: int | None = None) -> KVCache:
         """An empty :class:`KVCache` for incremental decoding (``window``: keep only the last W keys)."""
         return KVCache(self.num_layers, window)
 
     # --- forward ----------------------------------------------------------------------------
-    def _context(self, q_len: int, device: torch.device, cache: KVCache | None) -> AttentionContext:
+    def attention_context(self, q_len: int, device: torch.device, cache: KVCache | None = None) -> AttentionContext:
         """Distance tables (once per forward), positions and mask settings for every layer."""
         start = 0 if cache is None else cache.position
         k_len = q_len + (0 if cache is None else cache.cached_length)
@@ -220,7 +179,7 @@ class GPTModel(nn.Module):
             window = cache.window if window is None else min(window, cache.window)
         training = self.training and torch.is_grad_enabled()
         impl = self.resolve_attention_impl(device.type, training, k_len)
-        reason = unsupported_reason(impl, self.positional.kind, self.positional.learnable, device.type, training)
+        reason = unsupported_reason(impl, self.positional.kind, device.type, training)
         if reason is not None:
             raise ValueError(reason)
         bias_table, scale_table = self.positional.distance_tables(k_len, device=device)
@@ -251,8 +210,8 @@ class GPTModel(nn.Module):
         With ``cache``, ``tokens`` continue the sequence held in the cache (positions start at
         ``cache.position``) and the cache is extended and advanced.
         """
-        context = self._context(tokens.shape[1], tokens.device, cache)
-        hidden = self.embedding(tokens, context.q_positions)  # [b, s, h]
+        context = self.attention_context(tokens.shape[1], tokens.device, cache)
+        hidden = self.embedding(tokens, context.q_positions, self.positional)  # [b, s, h]
         hidden = run_layers(self.layers, hidden, context, self.checkpoint_group(cache))
         if cache is not None:
             cache.advance(tokens.shape[1])
@@ -286,7 +245,7 @@ class GPTModel(nn.Module):
 
 
 def run_layers(
-    layers: list[TransformerLayer], hidden: torch.Tensor, context: AttentionContext, group: int | None = None
+    layers: Sequence[TransformerLayer], hidden: torch.Tensor, context: AttentionContext, group: int | None = None
 ) -> torch.Tensor:
     """``hidden [b, s, h]`` through ``layers`` in order; with ``group`` = N, every N consecutive
     layers run as one activation-checkpoint group (recomputed in the backward pass)."""
@@ -299,7 +258,7 @@ def run_layers(
     return hidden
 
 
-def _run_group(layers: list[TransformerLayer], hidden: torch.Tensor, context: AttentionContext) -> torch.Tensor:
+def _run_group(layers: Sequence[TransformerLayer], hidden: torch.Tensor, context: AttentionContext) -> torch.Tensor:
     """One checkpointed group: ``layers`` on a copy of ``context`` with an empty cache of dense views.
 
     The context gathers its dense ``[H, q, k]`` bias/mask views lazily and keeps them; a fresh
@@ -324,7 +283,7 @@ def maybe_compile(model: GPTModel, cfg: Any) -> GPTModel:
     and makes every layer reuse one compiled graph. Call it after moving the model to its device
     and before building the optimizer or a DeepSpeed engine.
     """
-    if getattr(cfg.training, "compile", False):
+    if cfg.training.compile:
         for layer in model.layers:
             layer.compile()
     return model
@@ -332,15 +291,15 @@ def maybe_compile(model: GPTModel, cfg: Any) -> GPTModel:
 
 def build_model(cfg: Any, *, flex_compile: bool = True) -> GPTModel:
     """Build the model of ``cfg`` (a :class:`kerple.config.Config`; uses ``cfg.model``,
-    ``cfg.positional`` and ``cfg.attention``) with its positional embedding from the registry."""
+    ``cfg.positional``, ``cfg.attention`` and ``cfg.training``) with its positional embedding from
+    the registry."""
     from kerple import positional as positional_registry
 
-    model_cfg, positional_cfg, attention_cfg = cfg.model, cfg.positional, cfg.attention
-    training_cfg = getattr(cfg, "training", None)  # activation checkpointing
-    max_positions = getattr(model_cfg, "max_position_embeddings", None) or model_cfg.seq_length
+    model_cfg, positional_cfg, attention_cfg, training_cfg = cfg.model, cfg.positional, cfg.attention, cfg.training
+    max_positions = model_cfg.max_position_embeddings or model_cfg.seq_length
     epsilon = {
-        "rmsnorm": getattr(model_cfg, "rms_norm_epsilon", 1e-8),
-        "scalenorm": getattr(model_cfg, "scalenorm_epsilon", 1e-8),
+        "rmsnorm": model_cfg.rms_norm_epsilon,
+        "scalenorm": model_cfg.scalenorm_epsilon,
     }.get(model_cfg.norm, model_cfg.layernorm_epsilon)
     positional = positional_registry.build(
         positional_cfg.pos_emb,
@@ -369,6 +328,6 @@ def build_model(cfg: Any, *, flex_compile: bool = True) -> GPTModel:
         attention_impl=attention_cfg.attention_impl,
         attention_window=attention_cfg.attention_window,
         flex_compile=flex_compile,
-        checkpoint_activations=bool(getattr(training_cfg, "checkpoint_activations", False)),
-        checkpoint_num_layers=int(getattr(training_cfg, "checkpoint_num_layers", 1) or 1),
+        checkpoint_activations=training_cfg.checkpoint_activations,
+        checkpoint_num_layers=training_cfg.checkpoint_num_layers,
     )

@@ -1,9 +1,8 @@
-"""The pipeline stages of GPT-NeoX, named as in the reference checkpoints (docs/reference-format.md §6).
+"""The blocks of :class:`kerple.model.GPTModel`: the token embedding and the transformer layer.
 
-``GPTModel.sequential`` holds, by pipeline index ``N``:
-``0`` :class:`EmbeddingStage`, ``2 .. L+1`` :class:`TransformerLayer`, ``L+3`` :class:`FinalNormStage`,
-``L+4`` :class:`LMHeadStage` (untied head only). Indices 1 and L+2 are the reference's
-parameter-free stages and have no module.
+Their submodule names (``word_embeddings``, ``input_layernorm``, ``attention.query_key_value``, ...)
+are GPT-NeoX's (docs/reference-format.md §6); where each block's tensors go in a checkpoint is
+decided by :mod:`kerple.checkpoint.neox_layout`.
 """
 
 from __future__ import annotations
@@ -16,36 +15,23 @@ from kerple.model.mlp import MLP, build_norm
 from kerple.positional.base import PositionalEmbedding
 
 
-class EmbeddingStage(nn.Module):
-    """Stage 0: ``word_embeddings`` ``[V, h]``, the input positional hook, embedding dropout.
+class TokenEmbedding(nn.Module):
+    """Word embeddings ``[V, h]``, the positional embedding's input hook, embedding dropout.
 
-    An input-kind embedding (``learned``, ``sinusoidal``) is *adopted*: its submodules and
-    parameters are registered directly here, so the learned table's key is
-    ``sequential.0.position_embeddings.weight`` as in the reference's layer-0 file.
+    The positional module is not held here (the model holds it once); it is handed to
+    :meth:`forward`, whose ``embed`` hook adds position information (``learned``, ``sinusoidal``)
+    or leaves the hidden states as they are (every other kind).
     """
 
-    def __init__(self, vocab_size: int, hidden_size: int, dropout: float, positional: PositionalEmbedding | None) -> None:
+    def __init__(self, vocab_size: int, hidden_size: int, dropout: float) -> None:
         super().__init__()
         self.word_embeddings = nn.Embedding(vocab_size, hidden_size)
         self.dropout = nn.Dropout(dropout)
-        self._embed = positional.embed if positional is not None else None
-        if positional is not None:
-            if any(True for _ in positional.named_buffers(recurse=False)):
-                raise ValueError(
-                    f"{type(positional).__name__}: an input embedding must keep its buffers in submodules "
-                    "so they can be adopted by the embedding stage"
-                )
-            for name, child in positional.named_children():
-                self.add_module(name, child)
-            for name, param in positional.named_parameters(recurse=False):
-                self.register_parameter(name, param)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, positional: PositionalEmbedding) -> torch.Tensor:
         """``tokens [b, s]`` (int64), ``positions [s]`` -> ``[b, s, h]``."""
         hidden = self.word_embeddings(tokens)  # [b, s, h]
-        if self._embed is not None:
-            hidden = self._embed(hidden, positions)
-        return self.dropout(hidden)
+        return self.dropout(positional.embed(hidden, positions))
 
 
 class TransformerLayer(nn.Module):
@@ -83,22 +69,3 @@ class TransformerLayer(nn.Module):
             return hidden + self.hidden_dropout(attention_out + mlp_out)
         hidden = hidden + self.hidden_dropout(attention_out)
         return hidden + self.hidden_dropout(self.mlp(self.post_attention_layernorm(hidden)))
-
-
-class FinalNormStage(nn.Module):
-    """Stage L+3: the final ``norm`` (key ``norm.{weight,bias}``)."""
-
-    def __init__(self, norm: str, hidden_size: int, layernorm_epsilon: float) -> None:
-        super().__init__()
-        self.norm = build_norm(norm, hidden_size, layernorm_epsilon)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.norm(hidden)
-
-
-class LMHeadStage(nn.Module):
-    """Stage L+4: the untied LM head ``final_linear`` ``[V, h]`` without bias."""
-
-    def __init__(self, hidden_size: int, vocab_size: int) -> None:
-        super().__init__()
-        self.final_linear = nn.Linear(hidden_size, vocab_size, bias=False)

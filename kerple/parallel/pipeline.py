@@ -4,18 +4,20 @@
 ``pipe_parallel_size`` starts from the same weights) into a :class:`GPTPipeline`, a
 ``deepspeed.pipe.PipelineModule`` that keeps only this rank's stages:
 
-* Stage boundaries follow the reference's pipeline indices (docs/reference-format.md §6): the layer list is
-  ``0`` embedding, ``1`` parameter-free, ``2..L+1`` transformer layers, ``L+2`` parameter-free,
-  ``L+3`` final norm, ``L+4`` LM head, partitioned so each stage holds an equal share of transformer
-  layers (GPT-NeoX's ``type:transformer`` partitioning). The local stages are registered under
-  ``sequential.<N>``, so a stage's ``state_dict()`` holds exactly its layer files' keys.
+* Stage boundaries follow the reference's pipeline layer list (docs/reference-format.md §6, given by
+  :meth:`kerple.checkpoint.neox_layout.NeoxAdapter.slots`): embedding, a parameter-free stage,
+  the transformer layers, a parameter-free stage, final norm, LM head, partitioned so each stage
+  holds an equal share of transformer layers (GPT-NeoX's ``type:transformer`` partitioning). A
+  stage registers its modules under the model's own names (``embedding``, ``layers.<i>``,
+  ``final_norm``, ``lm_head``, ``positional``), so its ``state_dict()`` is a part of the model's
+  and its layer files come out of the same adapter.
 * Each stage computes the positional distance tables once per micro-batch from the ONE shared
   positional module (``O(H·L)``, cheap next to attention), as the whole model does once per
   forward; only the hidden states ``[b, s, h]`` travel between stages.
 * Tying: the positional parameters (KERPLE ``bias_p``/``bias_a``, T5 ``rpe.weight``, ...) are held
   by every stage with a transformer layer and must stay one set of values. They use DeepSpeed's
   own tied-weight machinery (the one behind ``TiedLayerSpec``), pointed at the shared module
-  instead of a ``tied_modules`` entry so the keys stay the reference's: the values are broadcast
+  instead of a ``tied_modules`` entry so the keys stay the model's: the values are broadcast
   from the first holding stage at construction, the engine all-reduces (sums) their gradients over
   the holding stages after the last backward of every step (``ReduceTiedGrads``), and copies off
   the first stage are marked as replicated so gradient clipping counts them once (see
@@ -37,6 +39,7 @@ import torch.nn.functional as F
 from deepspeed.pipe import PipelineModule
 from torch import nn
 
+from kerple.checkpoint.neox_layout import NeoxAdapter
 from kerple.model.gpt import run_layers
 from kerple.model.transformer import TransformerLayer
 from kerple.positional.base import PositionKind
@@ -68,7 +71,7 @@ def build_pipeline(model: nn.Module, num_stages: int, loss_fn: Any) -> GPTPipeli
     ``model`` is a whole :class:`~kerple.model.GPTModel`; its stages owned by other ranks are
     dropped. ``loss_fn(logits, labels)`` runs on the last stage.
     """
-    if str(model.num_layers + 4) not in model.sequential:
+    if model.lm_head is None:
         raise ValueError("pipeline parallelism needs an untied LM head (no_weight_tying: true)")
     if model.num_layers < num_stages:
         raise ValueError(
@@ -86,14 +89,12 @@ class GPTPipeline(PipelineModule):
     """
 
     def __init__(self, model: nn.Module, num_stages: int, loss_fn: Any) -> None:
-        # The whole model, kept as a plain attribute: it owns the positional module and the
-        # attention settings the stages' context is built from; its other stages are dropped
-        # in _build.
+        # The whole model, as a plain attribute (not a submodule): it builds every stage's attention
+        # context from its positional module and attention settings. _build takes this stage's
+        # modules out of it and drops the others.
         object.__setattr__(self, "_model", model)
-        count = model.num_layers
-        layers: list[Any] = [model.sequential["0"], parameter_free_stage]
-        layers += [model.sequential[str(index + 2)] for index in range(count)]
-        layers += [parameter_free_stage, model.sequential[str(count + 3)], model.sequential[str(count + 4)]]
+        self._slots = NeoxAdapter.for_model(model).slots()
+        layers = [parameter_free_stage if name is None else model.get_submodule(name) for name in self._slots]
         super().__init__(
             layers=layers,
             num_stages=num_stages,
@@ -103,13 +104,24 @@ class GPTPipeline(PipelineModule):
 
     # --- construction (called by PipelineModule.__init__) ---------------------------------
     def _build(self) -> None:
+        """Register this stage's modules under the model's names (DeepSpeed's own ``_build`` would
+        register them as ``"<layer index>"``) and free the other stages' modules."""
         model = self._model
         local = range(self._local_start, self._local_stop)
-        for key in list(model.sequential):
-            if int(key) not in local:
-                del model.sequential[key]
-        self.sequential = model.sequential  # the same modules, under the same names
-        # drop the references to other stages' modules so their memory is freed
+        self._local_names = [name for index, name in enumerate(self._slots) if index in local and name is not None]
+        self.layers = nn.ModuleDict()
+        for name in self._local_names:
+            module, (attribute, _, layer) = model.get_submodule(name), name.partition(".")
+            if layer:
+                self.layers[layer] = module
+            else:
+                self.add_module(attribute, module)
+        if self.stage_id in self._positional_stages():
+            self.positional = model.positional
+        else:  # exposed, but not a submodule: its tensors are not this stage's to train or save
+            object.__setattr__(self, "positional", model.positional)
+        for name in ("embedding", "layers", "final_norm", "lm_head"):
+            delattr(model, name)  # this stage holds its own; the others' are freed
         self._layer_specs = [
             layer if index in local else None for index, layer in enumerate(self._layer_specs)
         ]
@@ -119,9 +131,9 @@ class GPTPipeline(PipelineModule):
     def _positional_stages(self) -> list[int]:
         """The stages holding the positional parameters (every one with a transformer layer,
         or only the embedding's stage for an input embedding such as ``learned``)."""
-        if self.positional.kind == PositionKind.INPUT:
+        if self._model.positional.kind == PositionKind.INPUT:
             return [self.stage_owner(0)]
-        return sorted({self.stage_owner(index + 2) for index in range(self._model.num_layers)})
+        return sorted({self.stage_owner(index) for index, name in enumerate(self._slots) if name and name.startswith("layers.")})
 
     def _index_tied_modules(self) -> dict[str, dict[str, Any]]:
         """DeepSpeed's tied-weight records for the shared positional module (module docstring)."""
@@ -145,6 +157,10 @@ class GPTPipeline(PipelineModule):
                         mark_replicated(param, True)
         return comms
 
+    # DeepSpeed 0.19's tying is reachable only through TiedLayerSpec, which builds a new module per
+    # key, registers it under ``tied_modules`` (renaming its tensors) and runs it as a pipeline layer;
+    # no public hook ties a module the stages already hold. So the four methods below point
+    # DeepSpeed's own broadcast / all-reduce at the shared positional module instead.
     def _synchronize_tied_weights(self) -> None:
         """Broadcast the tied values from the first holding stage (DeepSpeed's own version does it
         with autograd recording, which leaves a ``broadcast_`` node in the parameters' history)."""
@@ -165,39 +181,31 @@ class GPTPipeline(PipelineModule):
 
     # --- use ---------------------------------------------------------------------------
     @property
-    def positional(self) -> nn.Module:
-        """The one positional module shared by this stage's layers."""
-        return self._model.positional
+    def num_layers(self) -> int:
+        """Transformer layers of the whole model."""
+        return self._model.num_layers
 
     @property
     def local_indices(self) -> list[int]:
         """The reference pipeline indices of the modules this stage holds."""
-        return [int(key) for key in self.sequential]
+        return [self._slots.index(name) for name in self._local_names]
 
     def forward(self, stage_input: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """``tokens [b, s]`` (first stage) or hidden states ``[b, s, h]`` -> hidden states, or logits
+        ``[b, s, V]`` on the last stage."""
         if isinstance(stage_input, (tuple, list)):
             (stage_input,) = stage_input
         model = self._model
         model.training = self.training  # read by the context for the kernel choice
         # Distance tables once per micro-batch on this stage, as GPTModel does once per forward.
-        context = model._context(stage_input.shape[1], stage_input.device, None)
-        count = model.num_layers
-        group = model.checkpoint_group()  # activation checkpointing, as in GPTModel.hidden_states
+        context = model.attention_context(stage_input.shape[1], stage_input.device)
         hidden = stage_input
-        layers: list[nn.Module] = []  # consecutive transformer layers not yet run
-        for key, stage in self.sequential.items():
-            index = int(key)
-            if 2 <= index <= count + 1:
-                layers.append(stage)
-                continue
-            if layers:
-                hidden, layers = run_layers(layers, hidden, context, group), []
-            if index == 0:
-                hidden = stage(hidden, context.q_positions)  # [b, s] -> [b, s, h]
-            elif index == count + 3:
-                hidden = stage(hidden)
-            elif index == count + 4:
-                hidden = F.linear(hidden, stage.final_linear.weight)  # [b, s, V]
-        if layers:
-            hidden = run_layers(layers, hidden, context, group)
+        if "embedding" in self._local_names:
+            hidden = self.embedding(hidden, context.q_positions, self.positional)  # [b, s] -> [b, s, h]
+        # activation checkpointing, as in GPTModel.hidden_states
+        hidden = run_layers(list(self.layers.values()), hidden, context, model.checkpoint_group())
+        if "final_norm" in self._local_names:
+            hidden = self.final_norm(hidden)
+        if "lm_head" in self._local_names:
+            hidden = F.linear(hidden, self.lm_head.weight)  # [b, s, V]
         return hidden

@@ -16,7 +16,8 @@ positional (bias kinds)        rebuilt for the local heads  KERPLE/ALiBi ``[H/N,
 =============================  ===========================  ====================================
 
 This is exactly the split of the reference checkpoints (:mod:`kerple.checkpoint.sharding`), so a
-rank's ``state_dict()`` *is* its ``layer_XX-model_YY`` shard. Because the fused QKV rows are laid
+rank's ``state_dict()``, named by :class:`kerple.checkpoint.neox_layout.NeoxAdapter`, *is* its
+``layer_XX-model_YY`` shard. Because the fused QKV rows are laid
 out per head (``[H, 3, d]``), a contiguous block of rows holds whole heads, and the attention only
 needs its ``num_heads`` / ``hidden_size`` set to the local values.
 
@@ -171,11 +172,11 @@ def _shard_positional(model: nn.Module, cfg: Any, parallel: ParallelState) -> No
         return
     size, rank = parallel.model_parallel_size, parallel.model_parallel_rank
     local = old.num_heads // size
-    options = {**cfg.positional.options(), "head_offset": rank * local, "total_heads": old.num_heads}
     with torch.random.fork_rng(devices=[]):  # the throw-away init must not shift the seeded stream
         new = registry.build(
             cfg.positional.pos_emb, num_heads=local, head_dim=old.head_dim, hidden_size=old.hidden_size,
-            max_positions=old.max_positions, **options,
+            max_positions=old.max_positions, head_offset=rank * local, total_heads=old.num_heads,
+            **cfg.positional.options(),
         )
     full = old.state_dict()
     sliced: dict[str, torch.Tensor] = {}
@@ -199,9 +200,7 @@ def _shard_positional(model: nn.Module, cfg: Any, parallel: ParallelState) -> No
     for name, param in new.named_parameters():
         if name in split_dims:
             _mark_split(param, split_dims[name])
-    object.__setattr__(model, "_positional", new)
-    for layer in model.layers:
-        layer.attention.add_module(new.state_dict_name or "positional", new)
+    model.positional = new
 
 
 def parallelize(model: nn.Module, cfg: Any, parallel: ParallelState) -> nn.Module:
@@ -234,9 +233,8 @@ def parallelize(model: nn.Module, cfg: Any, parallel: ParallelState) -> nn.Modul
             attention.hidden_size = local_heads * attention.head_dim
             mlp.dense_h_to_4h = _column(mlp.dense_h_to_4h, config, parallel)
             mlp.dense_4h_to_h = _row(mlp.dense_4h_to_h, config, parallel)
-        head = str(model.num_layers + 4)
-        if head in model.sequential:
-            model.sequential[head].final_linear = _column(model.sequential[head].final_linear, config, parallel)
+        if model.lm_head is not None:
+            model.lm_head = _column(model.lm_head, config, parallel)
     _shard_positional(model, cfg, parallel)
     group = parallel.model_parallel_group
     copy_to_region = _megatron().copy_to_tensor_model_parallel_region

@@ -1,11 +1,10 @@
-"""Training on DeepSpeed: the trainer, NeoX's LR schedule, reference-layout checkpoints.
+"""Training on DeepSpeed: the trainer, NeoX's LR schedule; checkpoints through :mod:`kerple.checkpoint`.
 
 Public API:
 
 * :func:`kerple.training.trainer.run_training` ``(cfg, *, config_files=None) -> TrainResult``
   and :class:`kerple.training.trainer.Trainer` ``(cfg, parallel, *, config_files=None)``;
-* :func:`kerple.training.checkpoint.load_model_weights` ``(model, load_dir, iteration=None, *, cfg=None,
-  trust=False) -> int`` (delegates to :func:`kerple.checkpoint.load_model_weights`);
+* :mod:`kerple.training.resume` - resuming a run from ``checkpointing.load``;
 * :class:`kerple.training.schedule.AnnealingLR`, :func:`kerple.training.schedule.annealing_lr`;
 * :func:`kerple.training.optimizer.build_optimizer`, :func:`kerple.training.ds_config.deepspeed_config`;
 * :class:`kerple.training.errors.TrainingError`, :class:`kerple.training.errors.TrainingDivergedError`.

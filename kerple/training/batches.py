@@ -57,3 +57,40 @@ class BatchFeed:
             # the reference's eod_mask_loss: do not predict the token that follows an EOD
             labels = labels.masked_fill(tokens == self.eod_token, -100)
         return tokens.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+
+
+def build_feeds(cfg: Any, parallel: Any) -> tuple[BatchFeed | None, BatchFeed | None]:
+    """The training and validation feeds of ``cfg`` for this rank (``None`` where a split is empty).
+
+    Rank 0 builds (and caches) the datasets' index maps first; the other ranks then read the cache.
+    """
+    from kerple.data.gpt2_dataset import build_datasets_from_config, neox_num_samples
+    from kerple.training.errors import TrainingError
+
+    training = cfg.training
+    micro, accumulation = int(training.micro_batch_size), int(training.gradient_accumulation_steps)
+    train_iters = int(training.train_iters)
+    global_batch = micro * accumulation * parallel.data_parallel_size
+    num_samples = neox_num_samples(train_iters, global_batch, int(training.eval_interval), int(training.eval_iters))
+    if parallel.is_main:
+        datasets = build_datasets_from_config(cfg, num_samples)
+    parallel.barrier()
+    if not parallel.is_main:
+        datasets = build_datasets_from_config(cfg, num_samples)
+    if datasets.train is None and train_iters > 0:
+        raise TrainingError(f"the training split of {cfg.data.data_path} is empty; check 'split' and 'data_path'")
+    eod = _eod_token(cfg.data) if cfg.data.eod_mask_loss else None
+    train, valid = (
+        None if dataset is None
+        else BatchFeed(dataset, micro, accumulation, parallel.data_parallel_size, parallel.data_parallel_rank, parallel.device, eod)
+        for dataset in (datasets.train, datasets.valid)
+    )
+    if train is not None:
+        train.check_length(num_samples[0], "training")
+    return train, valid
+
+
+def _eod_token(data: Any) -> int:
+    from kerple.data.tokenizers import build_tokenizer
+
+    return build_tokenizer(data.tokenizer_type, data.vocab_file, data.merge_file, data.tokenizer_file).eod

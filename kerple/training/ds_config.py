@@ -4,7 +4,7 @@ Only what DeepSpeed needs to drive the optimizer step goes in: the batch triple,
 clipping, the ZeRO block and the precision block (bf16, or fp16 with dynamic loss scaling). The
 optimizer and the LR schedule are passed to ``deepspeed.initialize`` as objects (see
 :mod:`kerple.training.optimizer`, :mod:`kerple.training.schedule`), and this project writes its own
-checkpoints (:mod:`kerple.training.checkpoint`), so neither appears here. ``steps_per_print`` is set
+checkpoints (:mod:`kerple.checkpoint`), so neither appears here. ``steps_per_print`` is set
 high because the trainer prints its own progress lines.
 """
 

@@ -3,7 +3,7 @@
 Wrapping the loss inside the engine's module means ``engine(tokens, labels)`` returns the scalar
 that ``engine.backward`` needs, and tensor parallelism can swap in a vocab-parallel cross entropy
 without the trainer knowing. Checkpoints are written from ``LanguageModelLoss.model`` so their keys
-stay ``sequential.<N>.<reference key>``.
+are the model's own.
 """
 
 from __future__ import annotations

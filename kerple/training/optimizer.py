@@ -9,6 +9,10 @@ Parameter groups follow GPT-NeoX: parameters of normalisation modules and parame
 ``bias`` get no weight decay; everything else (including the KERPLE ``bias_p``/``bias_a`` scalars,
 whose names are not exactly ``bias``) does. A parameter shared by several modules (the positional
 embedding shared by all layers) is listed once.
+
+Parameters are listed in the order of their checkpoint keys
+(:meth:`kerple.checkpoint.neox_layout.NeoxAdapter.parameter_order`): an optimizer state refers to
+parameters by position, so this order is part of the checkpoint format.
 """
 
 from __future__ import annotations
@@ -18,23 +22,19 @@ from typing import Any
 import torch
 from torch import nn
 
-OPTIMIZER_TYPES = ("adam", "adamw")
-DEFAULT_BETAS = (0.9, 0.999)
-DEFAULT_EPS = 1e-8
-
-
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Split ``model``'s trainable parameters into decay / no-decay groups (empty groups dropped)."""
+    """Split ``model``'s trainable parameters into decay / no-decay groups (empty groups dropped).
+
+    ``model`` is a :class:`kerple.model.GPTModel` or a pipeline stage of one.
+    """
+    from kerple.checkpoint.neox_layout import NeoxAdapter
+
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
-    seen: set[int] = set()
-    for module in model.modules():
-        is_norm = "norm" in type(module).__name__.lower()
-        for name, param in module.named_parameters(recurse=False):
-            if param is None or not param.requires_grad or id(param) in seen:
-                continue
-            seen.add(id(param))
-            (no_decay if is_norm or name == "bias" else decay).append(param)
+    for name, param in NeoxAdapter.for_model(model).parameter_order(model):
+        owner, _, attribute = name.rpartition(".")
+        is_norm = "norm" in type(model.get_submodule(owner)).__name__.lower()
+        (no_decay if is_norm or attribute == "bias" else decay).append(param)
     groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
@@ -43,25 +43,19 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str,
 
 
 def build_optimizer(model: nn.Module, optimizer_cfg: Any, *, fused: bool = False) -> torch.optim.Optimizer:
-    """Build the optimizer described by ``cfg.optimizer`` (fields ``type, lr, betas, eps, weight_decay``).
+    """Build the optimizer of ``cfg.optimizer`` (fields ``lr, betas, eps, weight_decay``; its ``type``,
+    Adam or AdamW, is checked when the config loads and runs the same update either way).
 
     ``fused=True`` selects torch's fused AdamW kernel (CUDA only; the trainer asks for it on GPUs).
     """
-    kind = str(getattr(optimizer_cfg, "type", "adam") or "adam").lower()
-    if kind not in OPTIMIZER_TYPES:
-        raise ValueError(
-            f"optimizer.type {kind!r} is not supported; use one of {', '.join(OPTIMIZER_TYPES)}"
-        )
-    betas = tuple(getattr(optimizer_cfg, "betas", None) or DEFAULT_BETAS)
-    eps = getattr(optimizer_cfg, "eps", None)
-    weight_decay = float(getattr(optimizer_cfg, "weight_decay", 0.0) or 0.0)
-    groups = weight_decay_groups(model, weight_decay)
+    beta1, beta2 = (float(beta) for beta in optimizer_cfg.betas)
+    weight_decay = float(optimizer_cfg.weight_decay)
     # The lr written here is overwritten by AnnealingLR before the first step.
     return torch.optim.AdamW(
-        groups,
+        weight_decay_groups(model, weight_decay),
         lr=float(optimizer_cfg.lr),
-        betas=(float(betas[0]), float(betas[1])),
-        eps=DEFAULT_EPS if eps is None else float(eps),
+        betas=(beta1, beta2),
+        eps=float(optimizer_cfg.eps),
         weight_decay=weight_decay,
         fused=fused,
     )

@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parents[1] / "unit" / "training"
 sys.path.insert(0, str(HERE))
 
 from kerple.model import build_model  # noqa: E402
-from kerple.training import checkpoint as ckpt  # noqa: E402
+from kerple import checkpoint as ckpt  # noqa: E402
 from tiny_run import run_two_ranks, single_process_group, tiny_config, train, write_corpus  # noqa: E402
 
 STEPS = 10
@@ -127,9 +127,9 @@ def test_two_stage_pipeline_trains_like_one_process(parallel, tmp_path: Path) ->
         f"layer_{index:02d}-model_00-model_states.pt" for index in (0, 2, 3, 5, 6)
     ]
     assert (step / "mp_rank_00_model_states.pt").is_file() and (step / "pipe_01-mp_rank_00_model_states.pt").is_file()
-    assert ckpt.safe_load(step / "mp_rank_00_model_states.pt")["pipe_world_size"] == 2
-    stage0 = ckpt.safe_load(step / "layer_02-model_00-model_states.pt")
-    stage1 = ckpt.safe_load(step / "layer_03-model_00-model_states.pt")
+    assert ckpt.safe_torch_load(step / "mp_rank_00_model_states.pt")["pipe_world_size"] == 2
+    stage0 = ckpt.safe_torch_load(step / "layer_02-model_00-model_states.pt")
+    stage1 = ckpt.safe_torch_load(step / "layer_03-model_00-model_states.pt")
     assert torch.equal(stage0["attention.rpe.bias_p"], stage1["attention.rpe.bias_p"])
     assert torch.equal(stage0["attention.rpe.bias_a"], stage1["attention.rpe.bias_a"])
 

@@ -19,7 +19,7 @@ HERE = Path(__file__).resolve().parents[1] / "unit" / "training"
 sys.path.insert(0, str(HERE))
 
 from kerple.model import build_model  # noqa: E402
-from kerple.training import checkpoint as ckpt  # noqa: E402
+from kerple import checkpoint as ckpt  # noqa: E402
 from tiny_run import run_two_ranks, single_process_group, tiny_config, train, write_corpus  # noqa: E402
 
 EMBEDDINGS = ("kerple_log", "alibi", "rpe", "rotary")
@@ -31,7 +31,7 @@ WORKER = textwrap.dedent(
     import torch
     import torch.distributed as dist
     sys.path.insert(0, {here!r})
-    from kerple.checkpoint import ShardSpec, merge_model_parallel
+    from kerple.checkpoint import NeoxAdapter, ShardSpec, merge_model_parallel
     from kerple.model import build_model
     from kerple.parallel.groups import init_distributed, teardown
     from kerple.parallel.tensor_parallel import gather_vocab_parallel, parallelize, vocab_parallel_loss
@@ -43,10 +43,11 @@ WORKER = textwrap.dedent(
     report = {{"equivalence": {{}}}}
 
     def gathered_grads(model):
-        local = {{name: param.grad for name, param in model.named_parameters()}}
+        adapter = NeoxAdapter.for_model(model)  # the merge reads the checkpoint's names
+        local = adapter.to_reference({{name: param.grad for name, param in model.named_parameters()}})
         ranks = [None, None]
         dist.all_gather_object(ranks, local, group=parallel.model_parallel_group)
-        return merge_model_parallel(ranks, ShardSpec(4, 32))
+        return adapter.from_reference(merge_model_parallel(ranks, ShardSpec(4, 32)))
 
     generator = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, 63, (2, 16), generator=generator)
@@ -81,7 +82,7 @@ WORKER = textwrap.dedent(
     cfg = tiny_config(corpus, model_parallel_size=2, train_iters={steps} + 1, lr_decay_iters={steps}, load=save_tp1)
     trainer = Trainer(cfg.resolve_batch(2), parallel)
     whole = build_model(tiny_config(corpus))
-    from kerple.training.checkpoint import load_model_weights
+    from kerple.checkpoint import load_model_weights
     load_model_weights(whole, save_tp1)
     with torch.no_grad():
         logits = gather_vocab_parallel(trainer.model(tokens), parallel)
@@ -129,11 +130,11 @@ def test_tensor_parallel_matches_single_process(parallel, tmp_path: Path) -> Non
     step = save_tp2 / f"global_step{STEPS}"
     names = sorted(p.name for p in step.glob("layer_*"))
     assert names == sorted(f"layer_{i:02d}-model_{r:02d}-model_states.pt" for i in (0, 2, 3, 5, 6) for r in (0, 1))
-    rank1 = ckpt.safe_load(step / "layer_02-model_01-model_states.pt")
+    rank1 = ckpt.safe_torch_load(step / "layer_02-model_01-model_states.pt")
     assert tuple(rank1["attention.query_key_value.weight"].shape) == (48, 32)  # rows: 2 of 4 heads
     assert tuple(rank1["attention.dense.weight"].shape) == (32, 16)  # columns
     assert tuple(rank1["attention.rpe.bias_p"].shape) == (2, 1, 1)  # local heads
-    assert tuple(ckpt.safe_load(step / "layer_00-model_01-model_states.pt")["word_embeddings.weight"].shape) == (32, 32)
+    assert tuple(ckpt.safe_torch_load(step / "layer_00-model_01-model_states.pt")["word_embeddings.weight"].shape) == (32, 32)
 
     # TP=2 -> TP=1: merged weights equal those of the TP=1 run after the same steps
     merged, single = build_model(tiny_config(corpus)), build_model(tiny_config(corpus))

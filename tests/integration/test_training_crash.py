@@ -16,7 +16,7 @@ HERE = Path(__file__).resolve().parents[1] / "unit" / "training"
 sys.path.insert(0, str(HERE))
 
 from kerple.model import build_model  # noqa: E402
-from kerple.training import checkpoint as ckpt  # noqa: E402
+from kerple import checkpoint as ckpt  # noqa: E402
 from tiny_run import REPO, tiny_overrides, write_corpus  # noqa: E402
 
 # Runs train.py's code path in a child; while writing global_step4 it announces itself and stalls.
@@ -25,14 +25,14 @@ CHILD = textwrap.dedent(
     import sys, time
     from pathlib import Path
     sys.path.insert(0, {here!r})
-    import kerple.training.checkpoint as ckpt
-    real_save = ckpt._atomic_save
+    import kerple.atomic as atomic
+    real_save = atomic.torch_save_atomic
     def slow_save(obj, path):
         real_save(obj, path)
         if "global_step4" in str(path):
             Path({marker!r}).write_text("writing")
             time.sleep(120)
-    ckpt._atomic_save = slow_save
+    atomic.torch_save_atomic = slow_save
     from kerple.config import load_config
     from kerple.training.trainer import run_training
     cfg = load_config([{tiny!r}], {overrides!r})
@@ -72,7 +72,7 @@ def test_kill_during_save_keeps_previous_checkpoint(tmp_path: Path) -> None:
     assert not (save / "global_step4").exists()
     model = build_model(load_tiny(corpus))
     assert ckpt.load_model_weights(model, save) == 2
-    assert ckpt.resolve_checkpoint(save) == (save / "global_step2", 2)
+    assert ckpt.find_checkpoint(save) == save / "global_step2"
 
 
 def load_tiny(corpus: Path):

@@ -75,6 +75,7 @@ ZERO3_WORKER = textwrap.dedent(
     import torch
     sys.path.insert(0, {here!r})
     from kerple.parallel.groups import init_distributed, teardown
+    from kerple.training.engine import gathered
     from kerple.training.trainer import Trainer
     from tiny_run import tiny_config, train
     corpus, out, save, resume = {corpus!r}, {out!r}, {save!r}, {resume!r}
@@ -86,7 +87,7 @@ ZERO3_WORKER = textwrap.dedent(
     trainer = Trainer(cfg, parallel)
     try:
         results["zero3"] = [loss for _, loss in trainer.train().losses]
-        with trainer._gathered(list(trainer.model.parameters())):  # the final weights, whole
+        with gathered(list(trainer.model.parameters()), zero3=True):  # the final weights, whole
             final = {{k: v.detach().clone() for k, v in trainer.model.state_dict().items()}}
     finally:
         trainer.close()
@@ -109,7 +110,7 @@ def test_two_process_zero3_matches_one_process_and_saves_full_weights(corpus: Pa
     import torch
 
     from kerple.model import build_model
-    from kerple.training.checkpoint import load_model_weights
+    from kerple.checkpoint import load_model_weights
 
     out, save, resume = tmp_path / "losses.json", tmp_path / "ck", tmp_path / "resume"
     script = tmp_path / "worker.py"

@@ -17,7 +17,7 @@ from kerple.training.errors import TrainingDivergedError, TrainingError
 @pytest.mark.parametrize(
     "error_class",
     [ConfigError, DataError, DataTooShortError, EvaluationError, ProtocolError, GenerationError, TrainingError,
-     TrainingDivergedError],
+     TrainingDivergedError, CheckpointError],
 )
 def test_every_user_error_derives_from_kerple_error(error_class: type) -> None:
     assert issubclass(error_class, KerpleError)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from kerple.checkpoint import NeoxAdapter
 from kerple.config import load_config
 from kerple.model import build_model
 
@@ -158,3 +159,8 @@ def write_reference_checkpoint(
 
 def full_state(files: dict[int, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {f"sequential.{index}.{key}": t for index, tensors in files.items() for key, t in tensors.items()}
+
+
+def load_reference(model, files: dict[int, dict[str, torch.Tensor]]) -> None:
+    """Load the reference's files into ``model`` through the state-dict adapter (strict)."""
+    model.load_state_dict(NeoxAdapter.for_model(model).from_reference(full_state(files)), strict=True)

@@ -8,6 +8,7 @@ import torch
 from ckpt_helpers import (
     VOCAB,
     full_state,
+    load_reference,
     reference_shard,
     reference_tensors,
     tiny_config,
@@ -128,7 +129,7 @@ def test_reference_checkpoint_to_hf_with_the_command_line(tmp_path):
     assert convert_main([str(source), str(tmp_path / "hf"), "--to", "hf"]) == 0
     hf = GPTNeoXForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     model = tiny_model("rotary")
-    model.load_state_dict(full_state(files))
+    load_reference(model, files)
     with torch.no_grad():
         torch.testing.assert_close(hf(TOKENS).logits, model(TOKENS), rtol=1e-5, atol=1e-5)
 

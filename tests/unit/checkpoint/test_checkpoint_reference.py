@@ -10,6 +10,7 @@ from ckpt_helpers import (
     LAYERS,
     VOCAB,
     full_state,
+    load_reference,
     reference_tensors,
     tiny_config,
     tiny_model,
@@ -29,7 +30,7 @@ CANONICAL = {"kerple_power_ap_": "kerple_power"}
 
 def _native_logits(pos_emb: str, files) -> torch.Tensor:
     model = tiny_model(CANONICAL.get(pos_emb, pos_emb))
-    model.load_state_dict(full_state(files), strict=True)
+    load_reference(model, files)
     with torch.no_grad():
         return model(TOKENS)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from kerple.checkpoint import write_checkpoint
+from kerple.checkpoint import NeoxAdapter, write_checkpoint
 from kerple.config import load_config
 from kerple.inference.generate import main
 from kerple.model import build_model
@@ -26,7 +26,8 @@ def test_generate_command_line_continues_the_prompt(tmp_path, capsys):
     cfg = load_config([str(config_file)])
     model = build_model(cfg, flex_compile=False)
     args = {"num_attention_heads": 4, "pos_emb": "kerple_log", "num_layers": 2, "hidden_size": 32}
-    write_checkpoint(tmp_path / "ckpt", model.state_dict(), iteration=3, args=args)
+    state = NeoxAdapter.for_model(model).to_reference(model.state_dict())
+    write_checkpoint(tmp_path / "ckpt", state, iteration=3, args=args)
     argv = [str(config_file), "--load", str(tmp_path / "ckpt"), "--prompt", "kernel", "--max-new-tokens", "12"]
     assert main(argv + ["--cache-window", "8"]) == 0
     windowed = capsys.readouterr().out.rstrip("\n")

@@ -149,7 +149,7 @@ def test_maybe_compile_compiles_layers_in_place_only_when_asked() -> None:
     on = types.SimpleNamespace(training=types.SimpleNamespace(compile=True))
     assert maybe_compile(model, on) is model
     assert all(layer._compiled_call_impl is not None for layer in model.layers)
-    assert list(model.state_dict()) == keys  # checkpoints keep the reference keys
+    assert list(model.state_dict()) == keys  # checkpoints keep their keys
 
 
 def _tile_sets(num_blocks: torch.Tensor, indices: torch.Tensor) -> list[set[int]]:

@@ -46,7 +46,7 @@ def test_build_model_passes_positional_options() -> None:
 
 def test_build_model_learned_table_size() -> None:
     cfg = load_config([], {**TINY, "pos_emb": "learned", "max_position_embeddings": 48})
-    assert build_model(cfg).state_dict()["sequential.0.position_embeddings.weight"].shape == (48, 32)
+    assert build_model(cfg).state_dict()["positional.position_embeddings.weight"].shape == (48, 32)
 
 
 def test_initialization_follows_neox() -> None:
@@ -57,16 +57,16 @@ def test_initialization_follows_neox() -> None:
     state = model.state_dict()
     out_std = 0.02 / math.sqrt(2 * 8)
     for key, expected in [
-        ("sequential.0.word_embeddings.weight", 0.02),
-        ("sequential.2.attention.query_key_value.weight", 0.02),
-        ("sequential.2.mlp.dense_h_to_4h.weight", 0.02),
-        ("sequential.12.final_linear.weight", 0.02),
-        ("sequential.2.attention.dense.weight", out_std),
-        ("sequential.9.mlp.dense_4h_to_h.weight", out_std),
+        ("embedding.word_embeddings.weight", 0.02),
+        ("layers.0.attention.query_key_value.weight", 0.02),
+        ("layers.0.mlp.dense_h_to_4h.weight", 0.02),
+        ("lm_head.weight", 0.02),
+        ("layers.0.attention.dense.weight", out_std),
+        ("layers.7.mlp.dense_4h_to_h.weight", out_std),
     ]:
         assert state[key].std().item() == pytest.approx(expected, rel=0.05), key
     assert all(state[key].abs().sum() == 0 for key in state if key.endswith(".bias") and "norm" not in key)
-    assert torch.equal(state["sequential.11.norm.weight"], torch.ones(256))
+    assert torch.equal(state["final_norm.weight"], torch.ones(256))
 
 
 @pytest.mark.parametrize(
@@ -78,7 +78,7 @@ def test_named_init_methods(method: str, expected: float) -> None:
         num_layers=8, hidden_size=256, num_attention_heads=8, padded_vocab_size=512, positional=pe,
         init_method=method, output_layer_init_method=method,
     )
-    assert model.sequential["2"].mlp.dense_4h_to_h.weight.std().item() == pytest.approx(expected, rel=0.05)
+    assert model.layers[0].mlp.dense_4h_to_h.weight.std().item() == pytest.approx(expected, rel=0.05)
 
 
 def test_unknown_init_method_is_refused() -> None:

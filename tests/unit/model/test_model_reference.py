@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kerple.checkpoint import NeoxAdapter
 from model_helpers import HEADS, HIDDEN, LAYERS, VOCAB, reference_forward, tiny_model
 
 transformers = pytest.importorskip("transformers")
@@ -53,7 +54,7 @@ def test_matches_huggingface_gpt_neox(rotary_pct: float, parallel_residual: bool
     hf = _hf_model(rotary_pct, parallel_residual)
     hf_state = hf.state_dict()
     copied = 0
-    for key, value in model.state_dict().items():
+    for key, value in NeoxAdapter.for_model(model).to_reference(model.state_dict()).items():
         target = _hf_key(key)
         if target is None:
             continue
@@ -90,7 +91,8 @@ def _kerple_log_bias(state: dict[str, torch.Tensor], seq: int) -> torch.Tensor:
 def test_matches_hand_written_forward(name: str, impl: str, window: int | None) -> None:
     seq = 20
     model = tiny_model(name, impl=impl, window=window).eval()
-    state = {key: value.detach().clone() for key, value in model.state_dict().items()}
+    reference = NeoxAdapter.for_model(model).to_reference(model.state_dict())
+    state = {key: value.detach().clone() for key, value in reference.items()}
     bias = {"alibi": lambda: _alibi_bias(seq), "kerple_log": lambda: _kerple_log_bias(state, seq)}.get(name)
     tokens = torch.randint(0, VOCAB, (2, seq))
     with torch.no_grad():

@@ -1,4 +1,5 @@
-"""State-dict keys follow the reference's sequential layout (docs/reference-format.md §6)."""
+"""The model's own state-dict names, and the reference's sequential names its adapter gives
+(docs/reference-format.md §6)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 
 from kerple import positional
+from kerple.checkpoint import NeoxAdapter
 from model_helpers import VOCAB, tiny_model
 
 LAYER_KEYS = [
@@ -45,11 +47,24 @@ def _expected_keys(model, extra_layer: list[str], extra_embedding: list[str]) ->
 )
 def test_reference_key_names(name: str, extra_layer: list[str], extra_embedding: list[str]) -> None:
     model = tiny_model(name)
-    assert set(model.state_dict()) == _expected_keys(model, extra_layer, extra_embedding)
+    reference = NeoxAdapter.for_model(model).to_reference(model.state_dict())
+    assert set(reference) == _expected_keys(model, extra_layer, extra_embedding)
+
+
+def test_model_names_are_its_own_structure() -> None:
+    model = tiny_model("kerple_log")
+    layer = {f"layers.{i}.{key}" for i in (0, 1) for key in LAYER_KEYS}
+    assert set(model.state_dict()) == {
+        "embedding.word_embeddings.weight", "positional.bias_p", "positional.bias_a", *layer,
+        "final_norm.weight", "final_norm.bias", "lm_head.weight",
+    }
+    # the positional module is registered once, as the model's own submodule
+    assert [name for name, module in model.named_modules() if module is model.positional] == ["positional"]
 
 
 def test_shapes_of_reference_tensors() -> None:
-    state = tiny_model("kerple_log").state_dict()
+    model = tiny_model("kerple_log")
+    state = NeoxAdapter.for_model(model).to_reference(model.state_dict())
     assert state["sequential.0.word_embeddings.weight"].shape == (VOCAB, 32)
     assert state["sequential.2.attention.query_key_value.weight"].shape == (96, 32)
     assert state["sequential.2.mlp.dense_h_to_4h.weight"].shape == (128, 32)
@@ -61,7 +76,7 @@ def test_shapes_of_reference_tensors() -> None:
 def test_positional_tensors_are_shared_by_every_layer(name: str) -> None:
     """Every layer's keys under ``attention.<state_dict_name>`` are the embedding's own tensors."""
     model = tiny_model(name)
-    state = model.state_dict()
+    state = NeoxAdapter.for_model(model).to_reference(model.state_dict())
     own = model.positional.state_dict()
     if model.positional.kind.value == "input":
         return
@@ -77,7 +92,8 @@ def test_positional_tensors_are_shared_by_every_layer(name: str) -> None:
 
 def test_tied_head_has_no_final_linear() -> None:
     model = tiny_model("none", no_weight_tying=False)
-    assert not any(key.startswith("sequential.6.") for key in model.state_dict())
+    assert model.lm_head is None
+    assert not any(key.startswith("sequential.6.") for key in NeoxAdapter.for_model(model).to_reference(model.state_dict()))
     assert model.lm_head_weight is model.embedding.word_embeddings.weight
 
 
@@ -86,25 +102,24 @@ def test_load_state_dict_round_trip_writes_the_shared_tensor() -> None:
     target = tiny_model("kerple_log", seed=2)
     tokens = torch.randint(0, VOCAB, (1, 16))
     assert not torch.allclose(source(tokens), target(tokens))
-    target.load_state_dict(source.state_dict())
-    torch.testing.assert_close(target(tokens), source(tokens), rtol=0, atol=0)
     bias_p = target.positional.bias_p
-    assert target.sequential["2"].attention.rpe.bias_p is bias_p
-    assert target.sequential["3"].attention.rpe.bias_p is bias_p
+    adapter = NeoxAdapter.for_model(source)
+    target.load_state_dict(adapter.from_reference(adapter.to_reference(source.state_dict())))
+    torch.testing.assert_close(target(tokens), source(tokens), rtol=0, atol=0)
+    assert target.positional.bias_p is bias_p  # the one parameter, written in place
     torch.testing.assert_close(bias_p, source.positional.bias_p, rtol=0, atol=0)
 
 
-def test_learned_table_is_adopted_at_the_embedding_stage() -> None:
+def test_learned_table_is_stored_with_the_embedding() -> None:
     model = tiny_model("learned")
-    weight = model.state_dict()["sequential.0.position_embeddings.weight"]
+    weight = NeoxAdapter.for_model(model).to_reference(model.state_dict())["sequential.0.position_embeddings.weight"]
     assert weight.data_ptr() == model.positional.position_embeddings.weight.data_ptr()
     assert sum(1 for name, _ in model.named_parameters() if "position_embeddings" in name) == 1
 
 
 def test_bf16_cast_keeps_kerple_parameters_fp32() -> None:
     model = tiny_model("kerple_log").to(torch.bfloat16)
-    assert model.sequential["2"].attention.query_key_value.weight.dtype == torch.bfloat16
+    assert model.layers[0].attention.query_key_value.weight.dtype == torch.bfloat16
     assert model.positional.bias_p.dtype == torch.float32
-    assert model.sequential["3"].attention.rpe.bias_p is model.positional.bias_p
     logits = model(torch.randint(0, VOCAB, (1, 12)))
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()

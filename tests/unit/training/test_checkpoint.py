@@ -13,7 +13,9 @@ import torch
 from kerple.config import ConfigError
 from kerple.data.errors import DataError
 from kerple.model import build_model
-from kerple.training import checkpoint as ckpt
+from kerple import atomic
+from kerple import checkpoint as ckpt
+from kerple.checkpoint import NeoxAdapter
 from kerple.training.trainer import Trainer, TrainingDivergedError, TrainingError
 from tiny_run import single_process_group, tiny_config, train, write_corpus
 
@@ -44,17 +46,17 @@ def test_reference_layout_and_contents(saved_run: Path) -> None:
     layer_files = sorted(p.name for p in step.glob("layer_*"))
     # 2 layers: embedding 0, layers 2-3, final norm 5, head 6; indices 1 and 4 have no file
     assert layer_files == [f"layer_{i:02d}-model_00-model_states.pt" for i in (0, 2, 3, 5, 6)]
-    embedding = ckpt.safe_load(step / layer_files[0])
+    embedding = ckpt.safe_torch_load(step / layer_files[0])
     assert set(embedding) == {"word_embeddings.weight"}
-    layer2, layer3 = (ckpt.safe_load(step / layer_files[i]) for i in (1, 2))
+    layer2, layer3 = (ckpt.safe_torch_load(step / layer_files[i]) for i in (1, 2))
     for key in ("input_layernorm.weight", "attention.query_key_value.weight", "attention.dense.bias",
                 "mlp.dense_h_to_4h.weight", "mlp.dense_4h_to_h.bias", "attention.rpe.bias_p", "attention.rpe.bias_a"):
         assert key in layer2, key
     assert torch.equal(layer2["attention.rpe.bias_p"], layer3["attention.rpe.bias_p"])  # shared copy in every file
-    assert set(ckpt.safe_load(step / layer_files[3])) == {"norm.weight", "norm.bias"}
-    assert set(ckpt.safe_load(step / layer_files[4])) == {"final_linear.weight"}
+    assert set(ckpt.safe_torch_load(step / layer_files[3])) == {"norm.weight", "norm.bias"}
+    assert set(ckpt.safe_torch_load(step / layer_files[4])) == {"final_linear.weight"}
 
-    meta = ckpt.safe_load(step / "mp_rank_00_model_states.pt")  # weights_only: no code runs
+    meta = ckpt.safe_torch_load(step / "mp_rank_00_model_states.pt")  # weights_only: no code runs
     assert meta["iteration"] == 4 and meta["module"] is None
     assert meta["consumed_train_samples"] == 16
     assert meta["args"]["num_layers"] == 2 and meta["args"]["pos_emb"] == "kerple_log"
@@ -69,8 +71,9 @@ def test_reference_layout_and_contents(saved_run: Path) -> None:
 def test_load_model_weights_returns_iteration(saved_run: Path, corpus: Path) -> None:
     model = build_model(tiny_config(corpus))
     assert ckpt.load_model_weights(model, saved_run) == 4
-    saved = ckpt.safe_load(saved_run / "global_step4" / "layer_06-model_00-model_states.pt")
-    assert torch.equal(model.state_dict()["sequential.6.final_linear.weight"], saved["final_linear.weight"])
+    saved = ckpt.safe_torch_load(saved_run / "global_step4" / "layer_06-model_00-model_states.pt")
+    reference = NeoxAdapter.for_model(model).to_reference(model.state_dict())
+    assert torch.equal(reference["sequential.6.final_linear.weight"], saved["final_linear.weight"])
     with pytest.raises(ckpt.CheckpointError, match=r"no checkpoint .*global_step2.*available"):
         ckpt.load_model_weights(model, saved_run, iteration=2)
 
@@ -101,8 +104,9 @@ def test_finetune_loads_weights_only(parallel, corpus: Path, saved_run: Path) ->
     try:
         assert trainer.iteration == 0 and trainer.consumed_train_samples == 0
         assert not trainer.engine.optimizer.state_dict()["state"]  # fresh optimizer
-        saved = ckpt.safe_load(saved_run / "global_step4" / "layer_00-model_00-model_states.pt")
-        assert torch.equal(trainer.model.state_dict()["sequential.0.word_embeddings.weight"], saved["word_embeddings.weight"])
+        saved = ckpt.safe_torch_load(saved_run / "global_step4" / "layer_00-model_00-model_states.pt")
+        reference = NeoxAdapter.for_model(trainer.model).to_reference(trainer.model.state_dict())
+        assert torch.equal(reference["sequential.0.word_embeddings.weight"], saved["word_embeddings.weight"])
     finally:
         trainer.close()
 
@@ -157,14 +161,14 @@ def test_nan_loss_stops_without_saving(parallel, corpus: Path, tmp_path: Path, m
 
 def test_disk_full_leaves_previous_checkpoint(parallel, corpus: Path, tmp_path: Path, monkeypatch) -> None:
     save = tmp_path / "ck"
-    real_save = ckpt._atomic_save
+    real_save = atomic.torch_save_atomic
 
     def failing(obj, path: Path) -> None:
         if "global_step4" in str(path):
             raise OSError(errno.ENOSPC, "No space left on device")
         real_save(obj, path)
 
-    monkeypatch.setattr(ckpt, "_atomic_save", failing)
+    monkeypatch.setattr(atomic, "torch_save_atomic", failing)
     cfg = tiny_config(corpus, train_iters=4, save=str(save), save_interval=2)
     with pytest.raises(ckpt.CheckpointError, match="No space left.*previous checkpoint"):
         train(cfg, parallel)
@@ -199,15 +203,16 @@ def test_reference_checkpoint_loads_weights_and_iteration(parallel, corpus: Path
     reference = tmp_path / "neox"
     write_checkpoint(reference, source.state_dict, iteration=4, args=dict(source.args), model_parallel_size=2,
                      flavor="neox", config_files={"model.yml": "pos-emb: kerple_log\n"})
-    assert "kerple_checkpoint_format" not in ckpt.safe_load(reference / "global_step4" / "mp_rank_00_model_states.pt")
+    assert "kerple_checkpoint_format" not in ckpt.safe_torch_load(reference / "global_step4" / "mp_rank_00_model_states.pt")
     cfg = tiny_config(corpus, load=str(reference), train_iters=5).resolve_batch(1)
     trainer = Trainer(cfg, parallel)
     try:
         assert trainer.iteration == 4 and trainer.consumed_train_samples == 16
         assert trainer.scheduler.num_steps == 4
         assert not trainer.engine.optimizer.state_dict()["state"]  # reference format: fresh optimizer
+        weights = NeoxAdapter.for_model(trainer.model).to_reference(trainer.model.state_dict())
         for name, tensor in source.state_dict.items():
-            assert torch.equal(trainer.model.state_dict()[name], tensor), name
+            assert torch.equal(weights[name], tensor), name
     finally:
         trainer.close()
     wrong = tiny_config(corpus, load=str(reference), pos_emb="alibi").resolve_batch(1)

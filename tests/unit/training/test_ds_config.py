@@ -50,7 +50,7 @@ def test_parameter_groups_follow_reference() -> None:
     decayed = {names[id(p)] for p in decay["params"]}
     not_decayed = {names[id(p)] for p in no_decay["params"]}
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert any(n.endswith("attention.rpe.bias_p") for n in decayed)  # named bias_p, not "bias"
+    assert "positional.bias_p" in decayed  # named bias_p, not "bias"
     assert all(n.endswith(".bias") or "norm" in n for n in not_decayed)
     assert any("layernorm.weight" in n for n in not_decayed)
     total = sum(p.numel() for p in model.parameters())

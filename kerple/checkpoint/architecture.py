@@ -1,0 +1,155 @@
+"""What a checkpoint says about the model it holds, and the one check against a config.
+
+:func:`architecture_args` is the ``args`` record this project writes into
+``mp_rank_MM_model_states.pt`` (the reference's fields, docs/reference-format.md §6, plus ``pos_emb``
+and the positional options). :func:`state_architecture` reads the architecture of a set of weights:
+shapes from the tensors themselves, the rest as recorded (``args``, ``configs/*.yml``, a Hugging
+Face export's config). :func:`check_architecture` compares that with a config and names **every**
+field that differs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kerple.checkpoint.errors import ArchitectureMismatchError
+
+# The reference's ``args`` fields (docs/reference-format.md §6).
+REFERENCE_ARGS: tuple[str, ...] = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "max_position_embeddings",
+    "make_vocab_size_divisible_by",
+    "padded_vocab_size",
+    "tokenizer_type",
+    "model_parallel_size",
+)
+# (name, config section) of every field this project records in ``args``, in the record's order.
+_RECORDED_ARGS: tuple[tuple[str, str], ...] = (
+    ("num_layers", "model"),
+    ("hidden_size", "model"),
+    ("num_attention_heads", "model"),
+    ("max_position_embeddings", "model"),
+    ("make_vocab_size_divisible_by", "model"),
+    ("padded_vocab_size", "model"),
+    ("tokenizer_type", "data"),
+    ("model_parallel_size", "parallelism"),
+    ("pos_emb", "positional"),
+    ("norm", "model"),
+    ("activation", "model"),
+    ("gpt_j_residual", "model"),
+    ("no_weight_tying", "model"),
+    ("seq_length", "model"),
+)
+# Model fields that change what the weights mean without changing their shapes.
+MODEL_OPTIONS: tuple[str, ...] = ("gpt_j_residual", "norm", "activation")
+
+
+def positional_option_names() -> tuple[str, ...]:
+    """The positional embedding options a checkpoint records (``args.positional_options``), the
+    architecture check compares and the converter carries: every option the families declare."""
+    from kerple import positional
+
+    return positional.option_names()
+
+
+def _plain(value: Any) -> Any:
+    """Config values as plain Python types (safe for ``weights_only`` loading)."""
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return str(value)
+
+
+def architecture_args(cfg: Any) -> dict[str, Any]:
+    """The ``args`` record of ``mp_rank_MM_model_states.pt`` for the config ``cfg``."""
+    args = {name: _plain(getattr(getattr(cfg, section), name)) for name, section in _RECORDED_ARGS}
+    args["positional_options"] = {name: _plain(getattr(cfg.positional, name)) for name in positional_option_names()}
+    return args
+
+
+def state_architecture(state: dict[str, torch.Tensor], recorded: dict[str, Any], pos_emb: str | None) -> dict[str, Any]:
+    """Architecture fields of the weights ``state`` (the model's names): shapes from the tensors, the
+    options from ``recorded`` (flat keys; ``positional_options`` is unpacked), ``pos_emb`` as given."""
+    recorded = {**recorded, **(recorded.get("positional_options") or {})}
+    arch: dict[str, Any] = {"num_layers": len({name.split(".")[1] for name in state if name.startswith("layers.")})}
+    embedding = state.get("embedding.word_embeddings.weight")
+    if embedding is not None:
+        arch["padded_vocab_size"], arch["hidden_size"] = int(embedding.shape[0]), int(embedding.shape[1])
+    if recorded.get("num_attention_heads") is not None:
+        arch["num_attention_heads"] = int(recorded["num_attention_heads"])
+    arch["no_weight_tying"] = "lm_head.weight" in state
+    table = state.get("positional.position_embeddings.weight")
+    if table is not None:
+        arch["max_position_embeddings"] = int(table.shape[0])
+    if pos_emb is not None:
+        arch["pos_emb"] = pos_emb
+    for name in MODEL_OPTIONS + positional_option_names():
+        if recorded.get(name) is not None:
+            arch[name] = recorded[name]
+    return arch
+
+
+def checkpoint_architecture(ckpt: Any) -> dict[str, Any]:
+    """:func:`state_architecture` of a :class:`~kerple.checkpoint.reference.LoadedCheckpoint`."""
+    return state_architecture(ckpt.model_state(), {**ckpt.config, **ckpt.args}, ckpt.pos_emb)
+
+
+def _wanted(cfg: Any) -> dict[str, Any]:
+    model = cfg.model
+    wanted: dict[str, Any] = {
+        "num_layers": model.num_layers,
+        "hidden_size": model.hidden_size,
+        "num_attention_heads": model.num_attention_heads,
+        "padded_vocab_size": model.padded_vocab_size,
+        "no_weight_tying": model.no_weight_tying,
+        "pos_emb": cfg.positional.pos_emb,
+        "max_position_embeddings": model.max_position_embeddings or model.seq_length,
+    }
+    wanted.update({name: getattr(model, name) for name in MODEL_OPTIONS})
+    wanted.update({name: getattr(cfg.positional, name) for name in positional_option_names()})
+    return wanted
+
+
+def _same(value: Any, want: Any) -> bool:
+    if isinstance(value, (int, float)) and isinstance(want, (int, float)):
+        return float(value) == float(want)
+    return value == want
+
+
+def check_architecture(arch: dict[str, Any], cfg: Any, source: str | Path, *, model_parallel_size: int = 1) -> None:
+    """Raise :class:`ArchitectureMismatchError` naming every field where ``arch`` and ``cfg`` differ.
+
+    ``arch`` comes from :func:`state_architecture` or :func:`checkpoint_architecture`;
+    ``model_parallel_size`` (of the checkpoint) explains a padded-vocabulary mismatch.
+    """
+    wanted = _wanted(cfg)
+    problems: list[str] = []
+    fields: list[str] = []
+    for name, value in arch.items():
+        want = wanted.get(name)
+        if (want is None and name != "pos_emb") or _same(value, want):
+            continue
+        fields.append(name)
+        hint = ""
+        if name == "padded_vocab_size" and model_parallel_size > 1:
+            hint = (
+                f" (the checkpoint was padded for model_parallel_size {model_parallel_size}: set "
+                f"make_vocab_size_divisible_by so that vocab_size pads to {value})"
+            )
+        elif name == "no_weight_tying":
+            hint = " (the checkpoint " + ("has an untied head final_linear)" if value else "ties the head to word_embeddings)")
+        problems.append(f"{name}: checkpoint {value!r} vs config {want!r}{hint}")
+    if problems:
+        raise ArchitectureMismatchError(
+            f"checkpoint {source} does not match the config: {'; '.join(problems)}. Use the config the "
+            f"checkpoint was trained with (its configs/ folder) or override these keys.",
+            fields,
+        )

@@ -1,0 +1,127 @@
+"""Checkpoint file names, finding the checkpoint to read, and pruning old ones (docs/reference-format.md §6).
+
+Layout under a ``save`` directory::
+
+    latest                                                  text: the tag of the newest complete checkpoint
+    global_step<N>/layer_<II>-model_<MM>-model_states.pt    one per pipeline index II holding tensors
+    global_step<N>/mp_rank_<MM>_model_states.pt             iteration, args, RNG, optimizer, scheduler, data
+    global_step<N>/zero_pp_rank_<D>_mp_rank_<MM>_optim_states.pt   only for sharded optimizers
+    global_step<N>/configs/<name>.yml                       the run's config files
+
+Pipeline stage ``S > 0`` of this project's runs writes its record as
+``pipe_<SS>-mp_rank_<MM>_model_states.pt`` (and sharded optimizers as
+``zero_pp_rank_<D>_mp_rank_<MM>_pipe_<SS>_optim_states.pt``), names the reference reader does not
+match. Every name is built here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from kerple.checkpoint.errors import CheckpointError
+
+LATEST_FILE = "latest"
+TMP_PREFIX = ".tmp-"
+TAG = re.compile(r"^global_step(\d+)$")
+LAYER_FILE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
+MP_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+_TRAILING_STEP = re.compile(r"(\d+)$")
+
+
+def tag_for(iteration: int) -> str:
+    """``global_step<iteration>``."""
+    return f"global_step{int(iteration)}"
+
+
+def layer_file_name(index: int, mp_rank: int = 0) -> str:
+    """The file of pipeline index ``index`` on model-parallel rank ``mp_rank``."""
+    return f"layer_{index:02d}-model_{mp_rank:02d}-model_states.pt"
+
+
+def mp_rank_file_name(mp_rank: int = 0, pipe_rank: int = 0) -> str:
+    """The record of model-parallel rank ``mp_rank`` (of pipeline stage ``pipe_rank``)."""
+    prefix = f"pipe_{pipe_rank:02d}-" if pipe_rank else ""
+    return f"{prefix}mp_rank_{mp_rank:02d}_model_states.pt"
+
+
+def optimizer_shard_file_name(dp_rank: int, mp_rank: int = 0, pipe_rank: int = 0) -> str:
+    """DeepSpeed's name for the optimizer shard of data-parallel rank ``dp_rank``."""
+    suffix = f"_pipe_{pipe_rank:02d}" if pipe_rank else ""
+    return f"zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}{suffix}_optim_states.pt"
+
+
+def list_checkpoints(directory: str | os.PathLike[str]) -> list[int]:
+    """Iterations of the ``global_step<N>`` directories under ``directory``, ascending."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in root.iterdir() if p.is_dir() and (m := TAG.match(p.name)))
+
+
+def trailing_step(name: str) -> int | None:
+    """The iteration a tag directory's name ends with (``global_step50`` -> 50), if any."""
+    match = _TRAILING_STEP.search(name)
+    return None if match is None else int(match.group(1))
+
+
+def holds_checkpoint_files(path: Path) -> bool:
+    """Whether ``path`` is itself a tag directory (it holds layer or ``mp_rank`` files)."""
+    return path.is_dir() and any(LAYER_FILE.match(p.name) or MP_FILE.match(p.name) for p in path.iterdir())
+
+
+def find_checkpoint(directory: str | os.PathLike[str], iteration: int | None = None) -> Path | None:
+    """The tag directory to read from ``directory``, or ``None`` when it holds no checkpoint at all.
+
+    ``directory`` is a ``save`` folder (``iteration`` picks ``global_step<iteration>``, else
+    ``latest`` names the tag) or a tag directory itself. Raises :class:`CheckpointError` when the
+    iteration asked for is missing, ``latest`` names no directory, or there are tags but no ``latest``.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        return None
+    if iteration is not None:
+        candidate = root / tag_for(iteration)
+        if candidate.is_dir():
+            return candidate
+        if holds_checkpoint_files(root) and trailing_step(root.name) == iteration:
+            return root
+        available = ", ".join(map(str, list_checkpoints(root))) or "none"
+        raise CheckpointError(f"no checkpoint {candidate} (iterations available in {root}: {available})")
+    latest = root / LATEST_FILE
+    if latest.is_file():
+        tag = latest.read_text().strip()
+        if not tag or not (root / tag).is_dir():
+            raise CheckpointError(f"{latest} names {tag!r}, which is not a checkpoint directory in {root}; pass the iteration")
+        return root / tag
+    if holds_checkpoint_files(root):
+        return root
+    if list_checkpoints(root):
+        raise CheckpointError(f"{root} has global_step directories but no '{LATEST_FILE}' file; pass the iteration")
+    return None
+
+
+def checkpoint_to_read(directory: str | os.PathLike[str], iteration: int | None = None) -> Path:
+    """:func:`find_checkpoint`, with a :class:`CheckpointError` where there is nothing to read."""
+    found = find_checkpoint(directory, iteration)
+    if found is not None:
+        return found
+    if not Path(directory).is_dir():
+        raise CheckpointError(f"checkpoint directory {directory} does not exist")
+    raise CheckpointError(f"{directory} has no '{LATEST_FILE}' file and no checkpoint files")
+
+
+def prune_checkpoints(directory: str | os.PathLike[str], keep_last_n: int) -> list[int]:
+    """Delete all but the newest ``keep_last_n`` checkpoints (never the one ``latest`` names)."""
+    root = Path(directory)
+    steps = list_checkpoints(root)
+    protected = find_checkpoint(root)
+    removed = []
+    for step in steps[: max(len(steps) - int(keep_last_n), 0)]:
+        if protected is not None and protected.name == tag_for(step):
+            continue
+        shutil.rmtree(root / tag_for(step), ignore_errors=True)
+        removed.append(step)
+    return removed

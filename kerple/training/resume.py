@@ -1,0 +1,93 @@
+"""Resuming a run from ``checkpointing.load``: weights first, the rest of the run state after.
+
+Order matters for exactness: :func:`load_weights` runs before ``deepspeed.initialize`` so that the
+fp32 master copies DeepSpeed makes (bf16, ZeRO) start from the checkpoint; :func:`restore_run_state`
+runs after it, on the engine's optimizer.
+
+Weights of any checkpoint are read by :mod:`kerple.checkpoint` (merged over the saved
+model-parallel ranks, re-split to this run's) and checked against the config. Optimizer state is
+resumed only from this project's format saved with this run's model- and pipeline-parallel sizes;
+a GPT-NeoX / KERPLE reference checkpoint gives weights and the iteration, with a fresh optimizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from kerple.checkpoint import RunState, find_checkpoint, load_model_weights, restore_rng
+from kerple.checkpoint.run_state import read_optimizer_shards, read_run_state
+
+
+@dataclass
+class Resumed:
+    """A checkpoint whose weights were loaded, and this rank's run state in it."""
+
+    directory: Path
+    state: RunState
+
+
+def load_weights(model: nn.Module, cfg: Any, parallel: Any, *, trust: bool = False) -> Resumed | None:
+    """Load the weights of the checkpoint in ``checkpointing.load`` into ``model`` (``None``: fresh run)."""
+    load = cfg.checkpointing.load
+    if not load:
+        return None
+    directory = find_checkpoint(load)
+    if directory is None:
+        parallel.barrier()
+        return None
+    iteration = load_model_weights(
+        model,
+        directory,
+        cfg=cfg,
+        trust=trust,
+        model_parallel_size=parallel.model_parallel_size,
+        model_parallel_rank=parallel.model_parallel_rank,
+    )
+    return Resumed(directory, read_run_state(directory, parallel, iteration, trust=trust))
+
+
+def restore_run_state(
+    resumed: Resumed, *, engine: Any, scheduler: Any, cfg: Any, parallel: Any, global_batch: int, trust: bool = False
+) -> tuple[int, int, int]:
+    """Restore optimizer, LR schedule, RNG and the engine's counters as ``checkpointing`` allows.
+
+    Returns ``(iteration, consumed samples, skipped steps)``; all zero for ``finetune`` (weights only).
+    """
+    ck, state = cfg.checkpointing, resumed.state
+    if ck.finetune:
+        return 0, 0, 0
+    iteration = state.iteration
+    consumed = iteration * global_batch if state.consumed_train_samples is None else int(state.consumed_train_samples)
+    resumable = state.optimizer_resumable(parallel.model_parallel_size, parallel.pipe_parallel_size)
+    if resumable and not ck.no_load_optim:
+        _restore_optimizer(engine, state, resumed.directory, parallel, trust)
+    elif not resumable and parallel.is_main:
+        kind = "a model- or pipeline-parallel size other than this run's" if state.is_own_format else "the reference format"
+        print(f"note: {resumed.directory} is in {kind}; weights and iteration loaded, optimizer state starts fresh", flush=True)
+    if state.lr_scheduler is not None and not ck.no_load_optim:
+        scheduler.load_state_dict(state.lr_scheduler)
+    else:
+        scheduler.step(iteration)
+    if state.is_own_format and not ck.no_load_rng:
+        restore_rng(state.rng)
+    engine.global_steps, engine.global_samples, engine.skipped_steps = iteration, consumed, state.skipped_steps
+    return iteration, consumed, state.skipped_steps
+
+
+def _restore_optimizer(engine: Any, state: RunState, directory: Path, parallel: Any, trust: bool) -> None:
+    optimizer = engine.optimizer
+    if not state.optimizer_sharded:
+        if state.optimizer is not None:
+            optimizer.load_state_dict(state.optimizer)
+        return
+    shards = read_optimizer_shards(directory, state, parallel, trust=trust)
+    zero3 = engine.zero_optimization_partition_weights()
+    if zero3:  # DeepSpeed's own loader partitions every parameter first, then restores
+        optimizer.checkpoint_event_prologue()
+    optimizer.load_state_dict(shards, load_optimizer_states=True, load_from_fp32_weights=True)
+    if zero3:
+        optimizer.checkpoint_event_epilogue()
