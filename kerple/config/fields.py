@@ -24,6 +24,11 @@ def setting(
     minimum: float | None = None,
     maximum: float | None = None,
     derived: bool = False,
+    refuse: str | None = None,
+    block: bool = False,
+    block_keys: tuple[str, ...] | None = None,
+    value_aliases: dict[str, str] | None = None,
+    refuse_values: dict[str, str] | None = None,
 ) -> Any:
     """Declare a section field.
 
@@ -37,6 +42,14 @@ def setting(
             in the config and listed as "no effect" on the reference page.
         minimum, maximum: inclusive bounds checked for numbers.
         derived: computed after loading; not settable from a file.
+        refuse: for a GPT-NeoX feature that kerple lacks, the feature's name: any value other than
+            ``default`` is refused when the config loads (the default means "feature off").
+        block: a DeepSpeed block kept as a whole mapping and merged key by key across files.
+        block_keys: for a ``block``, the inner keys DeepSpeed accepts (``None``: any key).
+        value_aliases: other GPT-NeoX spellings of a value, stored as the value they name
+            (``{"silu": "swish"}``).
+        refuse_values: GPT-NeoX values that select a feature kerple lacks -> that feature, refused
+            with one line when the file is read.
     """
     metadata = {
         "help": help,
@@ -45,6 +58,11 @@ def setting(
         "minimum": minimum,
         "maximum": maximum,
         "derived": derived,
+        "refuse": refuse,
+        "block": block,
+        "block_keys": block_keys,
+        "value_aliases": value_aliases or {},
+        "refuse_values": refuse_values or {},
     }
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
