@@ -43,7 +43,7 @@ def _refused_features(cfg: Config) -> None:
             continue
         default = field_default(ref)
         if getattr(getattr(cfg, ref.section), ref.name) != default:
-            message = f"{feature} is not implemented in kerple; remove the key or set it to {json.dumps(default)}"
+            message = f"not implemented in kerple: {feature}; remove the key or set it to {json.dumps(default)}"
             raise fail(cfg, message, ref.ident)
 
 
