@@ -1,6 +1,7 @@
 """Merge and validate the YAML configs once, then launch train.py on every rank.
 
     python deepy.py train.py configs/models/162M.yml configs/pe/kerple_log.yml configs/data/github.yml
+    python deepy.py train.py -d configs models/tiny.yml pe/alibi.yml data/stdlib.yml   # GPT-NeoX's -d form
     python deepy.py train.py <ymls> [key=value ...] [--hostfile H] [--num_gpus N] [--include S]
 
 The resolved config is written to <log_dir>/resolved-config-*.yml and that one file is passed to

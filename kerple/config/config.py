@@ -1,4 +1,4 @@
-"""The :class:`Config` object: eleven typed sections plus where each value came from."""
+"""The :class:`Config` object: thirteen typed sections plus where each value came from."""
 
 from __future__ import annotations
 
@@ -12,14 +12,16 @@ import yaml
 from kerple.atomic import atomic_path
 from kerple.config import validate
 from kerple.config.errors import DEFAULT, ConfigError
-from kerple.config.neox_keys import DERIVED_KEYS, FIELDS, FREE_BLOCKS, KEY_INDEX, key_of, normalize_key
+from kerple.config.neox_keys import DERIVED_KEYS, FIELDS, FREE_BLOCKS, KEY_INDEX, field_default, key_of, normalize_key
 from kerple.config.sections import (
     AttentionConfig,
     CheckpointingConfig,
     DataConfig,
+    DeepSpeedConfig,
     LoggingConfig,
     LRScheduleConfig,
     ModelConfig,
+    NeoXOnlyConfig,
     OptimizerConfig,
     ParallelismConfig,
     PositionalConfig,
@@ -49,6 +51,8 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    neox: NeoXOnlyConfig = field(default_factory=NeoXOnlyConfig)
     sources: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -75,8 +79,10 @@ class Config:
         and ``train_batch_size = micro_batch_size * gradient_accumulation_steps *
         data_parallel_size``. Any two of the triple determine the third; ``train_batch_size`` or
         ``micro_batch_size`` alone implies ``gradient_accumulation_steps = 1``. Also sets
-        ``parallelism.world_size`` and ``parallelism.data_parallel_size``.
+        ``parallelism.world_size`` and ``parallelism.data_parallel_size``. First refuses a
+        parallel layout the trainer cannot run (:func:`kerple.config.validate.check_parallel_layout`).
         """
+        validate.check_parallel_layout(self)
         parallel, training = self.parallelism, self.training
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
@@ -158,14 +164,17 @@ class Config:
         """Every settable key with its resolved value, keyed as ``docs/config.md`` lists them.
 
         Flat underscore keys, except the DeepSpeed blocks (``optimizer``, ``fp16``, ``bf16``,
-        ``zero_optimization``), which keep their nested form. Derived values are left out (they
-        are recomputed on load); a YAML dump of the result loads back to an equal config.
+        ``zero_optimization``, ...), which keep their nested form. Derived values are left out
+        (they are recomputed on load), and so are keys without effect in kerple that still hold
+        their default; a YAML dump of the result loads back to an equal config.
         """
         out: dict[str, Any] = {}
         for ref in FIELDS:
             if ref.metadata["derived"]:
                 continue
             value = copy.deepcopy(getattr(getattr(self, ref.section), ref.name))
+            if not ref.metadata["effect"] and value == field_default(ref):
+                continue
             *parents, leaf = ref.primary.split(".")
             target = out
             for parent in parents:

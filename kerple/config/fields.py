@@ -26,6 +26,11 @@ def setting(
     maximum: float | None = None,
     check: Callable[[Any], str | None] | None = None,
     derived: bool = False,
+    refuse: str | None = None,
+    block: bool = False,
+    block_keys: tuple[str, ...] | None = None,
+    value_aliases: dict[str, str] | None = None,
+    refuse_values: dict[str, str] | None = None,
 ) -> Any:
     """Declare a section field.
 
@@ -41,6 +46,14 @@ def setting(
         check: a rule bounds cannot express, ``value -> what is wrong`` (``"must be even"``) or
             ``None``; run on the merged value (never ``None``) when the config is validated.
         derived: computed after loading; not settable from a file.
+        refuse: for a GPT-NeoX feature that kerple lacks, the feature's name: any value other than
+            ``default`` is refused when the config loads (the default means "feature off").
+        block: a DeepSpeed block kept as a whole mapping and merged key by key across files.
+        block_keys: for a ``block``, the inner keys DeepSpeed accepts (``None``: any key).
+        value_aliases: other GPT-NeoX spellings of a value, stored as the value they name
+            (``{"silu": "swish"}``).
+        refuse_values: GPT-NeoX values that select a feature kerple lacks -> that feature, refused
+            with one line when the file is read.
     """
     metadata = {
         "help": help,
@@ -50,6 +63,11 @@ def setting(
         "maximum": maximum,
         "check": check,
         "derived": derived,
+        "refuse": refuse,
+        "block": block,
+        "block_keys": block_keys,
+        "value_aliases": value_aliases or {},
+        "refuse_values": refuse_values or {},
     }
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)

@@ -6,8 +6,11 @@ come after the last file. Each replaced value is logged on the ``kerple.config``
 ``key: old (file a) -> new (file b)``. Within one file (or one set of overrides) a key may appear
 only once, in any spelling: ``hidden-size`` next to ``hidden_size`` is an error, as is ``lr`` next
 to ``optimizer.params.lr``. DeepSpeed blocks (``optimizer``, ``fp16``, ``bf16``,
-``zero_optimization``) merge key by key, so a later ``fp16: {enabled: false}`` keeps the earlier
-loss-scale settings.
+``zero_optimization``, ``scheduler``, ...) merge key by key, so a later ``fp16: {enabled: false}``
+keeps the earlier loss-scale settings.
+
+GPT-NeoX keys that kerple reads without acting on them are listed, once per load, in one note on
+the same logger (:func:`kerple.config.neox_checks.compatibility_note`); entry points print it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import yaml
 
 from kerple.config.config import Config
 from kerple.config.errors import COMMAND_LINE, ConfigError
+from kerple.config.neox_checks import compatibility_note
 from kerple.config.neox_keys import FREE_BLOCKS, Entry, flatten, key_of, normalize_key
 from kerple.config.sections import SECTIONS
 
@@ -136,7 +140,8 @@ def build_config(merged: Mapping[str, Entry]) -> Config:
             free[head][rest] = entry.value
         else:
             values[head][rest] = entry.value
-    values["parallelism"]["zero_optimization"] = free["zero_optimization"]
+    for block, ref in FREE_BLOCKS.items():
+        values[ref.section][ref.name] = free[block]
     sections = {section: cls(**values[section]) for section, cls in SECTIONS.items()}
     sources = {ident: (entry.source, entry.written) for ident, entry in merged.items()}
     return Config(**sections, sources=sources)
@@ -158,7 +163,11 @@ def load_config(paths: Sequence[str | os.PathLike], overrides: Mapping[str, Any]
         _merge_into(merged, flatten(read_yaml(path), str(path)))
     if overrides:
         _merge_into(merged, flatten(dict(overrides), COMMAND_LINE))
-    return build_config(merged)
+    cfg = build_config(merged)
+    note = compatibility_note(cfg)
+    if note:
+        logger.info("%s", note)
+    return cfg
 
 
 def split_arguments(arguments: Iterable[str]) -> tuple[list[str], list[str]]:

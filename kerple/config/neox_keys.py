@@ -2,8 +2,9 @@
 
 A YAML file is a flat mapping of NeoX keys (``hidden-size``, ``pos_emb``, ...) plus DeepSpeed
 blocks (``optimizer: {type, params: {...}}``, ``fp16: {...}``, ``bf16: {...}``,
-``zero_optimization: {...}``). :func:`flatten` turns one such mapping into *entries*, one per
-field (or per ``zero_optimization`` sub-key), each remembering the key as written and its file.
+``zero_optimization: {...}``, ``scheduler: {...}``, ...). :func:`flatten` turns one such mapping
+into *entries*, one per field (or per sub-key of a block kept whole, such as
+``zero_optimization``), each remembering the key as written and its file.
 Key spelling: every dash becomes an underscore, in blocks too, and a dotted key ``a.b`` is the
 same as ``b`` inside block ``a`` (useful on command lines: ``fp16.enabled=true``).
 """
@@ -19,10 +20,6 @@ from typing import Any
 from kerple.config.errors import ConfigError
 from kerple.config.fields import TypeMismatch, check_bounds, check_value
 from kerple.config.sections import SECTIONS
-
-FREE_BLOCKS = ("zero_optimization",)
-"""Blocks kept as a whole dict (merged key by key); their inner keys are DeepSpeed's business."""
-
 
 @dataclass(frozen=True)
 class FieldRef:
@@ -69,6 +66,9 @@ def _build_index() -> tuple[list[FieldRef], dict[str, FieldRef], dict[str, Field
 FIELDS, KEY_INDEX, DERIVED_KEYS = _build_index()
 """Every field; accepted key -> field; derived (not settable) key -> field."""
 
+FREE_BLOCKS: dict[str, FieldRef] = {ref.primary: ref for ref in FIELDS if ref.metadata["block"]}
+"""Blocks kept as a whole mapping, merged key by key: block key -> field (``zero_optimization``, ...)."""
+
 BLOCK_PATHS = frozenset(
     ".".join(key.split(".")[:depth]) for key in KEY_INDEX for depth in range(1, key.count(".") + 1)
 )
@@ -89,7 +89,7 @@ def suggest(key: str, candidates: typing.Iterable[str]) -> str | None:
 def _candidates_under(parent: str) -> list[str]:
     """Valid keys directly inside block ``parent`` ("" for the top level), in full dotted form."""
     depth = 0 if not parent else parent.count(".") + 1
-    pool = list(KEY_INDEX) + list(BLOCK_PATHS) + list(FREE_BLOCKS)
+    pool = list(KEY_INDEX) + list(BLOCK_PATHS)
     prefix = f"{parent}." if parent else ""
     return [key for key in pool if key.startswith(prefix) and key.count(".") == depth]
 
@@ -114,24 +114,43 @@ def _unknown_key(path: str, written: str, source: str) -> ConfigError:
         )
     leaf = path.rpartition(".")[2]
     siblings = {key.rpartition(".")[2]: key for key in _candidates_under(parent)}
+    nested = sorted(key for key in KEY_INDEX if key.rpartition(".")[2] == leaf and key != path)
     guess = suggest(leaf, siblings)
-    if guess is not None:
+    if nested:
+        hint = f"; did you mean '{nested[0]}' (inside the '{nested[0].rpartition('.')[0]}' block)?"
+    elif guess is not None:
         hint = f"; did you mean '{siblings[guess]}'?"
     else:
-        nested = sorted(key for key in KEY_INDEX if key.rpartition(".")[2] == leaf)
-        hint = (
-            f"; did you mean '{nested[0]}' (inside the '{nested[0].rpartition('.')[0]}' block)?"
-            if nested
-            else "; see docs/config.md for the valid keys"
-        )
+        hint = "; see docs/config.md for the valid keys"
     where = f" in block '{parent}'" if parent else ""
     return ConfigError(f"unknown key{where}{hint}", file=source, key=written)
+
+
+def _block_key(block: str, sub: str, written: str, source: str) -> str:
+    """``block.sub`` (normalised), after checking ``sub`` against the keys DeepSpeed accepts there."""
+    sub = normalize_key(sub)
+    allowed = FREE_BLOCKS[block].metadata["block_keys"]
+    if allowed is not None and sub.partition(".")[0] not in allowed:
+        guess = suggest(sub, allowed)
+        hint = f"; did you mean '{block}.{guess}'?" if guess else f"; DeepSpeed 0.19.8 accepts {', '.join(allowed)}"
+        raise ConfigError(f"unknown key in block '{block}' (DeepSpeed would refuse it){hint}", file=source, key=written)
+    return f"{block}.{sub}"
+
+
+def _known_value(ref: FieldRef, value: Any, written: str, source: str) -> Any:
+    """``value`` with GPT-NeoX's other spellings resolved; a GPT-NeoX value kerple lacks is refused."""
+    if not isinstance(value, str):
+        return value
+    feature = ref.metadata["refuse_values"].get(value)
+    if feature is not None:
+        raise ConfigError(f"{value!r} selects {feature}, which is not implemented in kerple", file=source, key=written)
+    return ref.metadata["value_aliases"].get(value, value)
 
 
 def flatten(mapping: dict, source: str) -> dict[str, Entry]:
     """Route one source's mapping to entries keyed by field identity (``section.name``).
 
-    ``zero_optimization`` sub-keys get their own entries (``zero_optimization.<sub>``). Values
+    Sub-keys of blocks kept whole get their own entries (``zero_optimization.<sub>``). Values
     are type-checked here so that errors can name ``source``. Two keys of one source that set
     the same field (``hidden-size`` and ``hidden_size``, or ``lr`` and ``optimizer.params.lr``)
     are an error.
@@ -156,14 +175,17 @@ def flatten(mapping: dict, source: str) -> dict[str, Entry]:
             free = next((b for b in FREE_BLOCKS if path == b or path.startswith(b + ".")), None)
             if free is not None:
                 if path == free:
+                    if value is None:
+                        continue
                     if not isinstance(value, dict):
                         raise ConfigError(f"expected a mapping, got {value!r}", file=source, key=written)
                     for sub, sub_value in value.items():
-                        put(f"{free}.{normalize_key(str(sub))}", sub_value, f"{written}.{sub}")
+                        put(_block_key(free, str(sub), f"{written}.{sub}", source), sub_value, f"{written}.{sub}")
                 else:
-                    put(path, value, written)
+                    put(_block_key(free, path[len(free) + 1 :], written, source), value, written)
             elif path in KEY_INDEX:
                 ref = KEY_INDEX[path]
+                value = _known_value(ref, value, written, source)
                 try:
                     checked = check_value(value, ref.hint)
                 except TypeMismatch as error:
@@ -188,6 +210,14 @@ def flatten(mapping: dict, source: str) -> dict[str, Entry]:
         raise ConfigError(f"the file must hold a mapping of keys, got {type(mapping).__name__}", file=source)
     walk(mapping, "", "")
     return entries
+
+
+def field_default(ref: FieldRef) -> Any:
+    """The default value of a field (a fresh copy for lists and dicts)."""
+    field = next(f for f in dataclasses.fields(SECTIONS[ref.section]) if f.name == ref.name)
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
 
 
 def key_of(ident: str) -> str:

@@ -21,9 +21,9 @@ _INTRO = """\
      Regenerate with `make docs`. -->
 
 `kerple.config.load_config(paths, overrides)` reads YAML files of flat GPT-NeoX keys plus the
-DeepSpeed blocks `optimizer: {type, params: {...}}`, `fp16: {...}`, `bf16: {...}` and
-`zero_optimization: {...}`, and routes every key to one typed section (`cfg.model`,
-`cfg.positional`, ...).
+DeepSpeed blocks (`optimizer: {type, params: {...}}`, `fp16: {...}`, `bf16: {...}`,
+`zero_optimization: {...}`, `scheduler: {...}`, ...), and routes every key to one typed section
+(`cfg.model`, `cfg.positional`, ...). Every key of GPT-NeoX's argument definitions is accepted.
 
 Rules:
 
@@ -38,9 +38,19 @@ Rules:
 - **Errors.** Unknown keys (with the closest valid key suggested), wrong types (ints are accepted
   for floats), out-of-range values and impossible combinations raise `ConfigError` naming the file
   and the key; entry points print it and exit with status 2.
-- **Precision.** `fp16: {enabled: true}` is fp16; `bf16: {enabled: true}` or the reference's
-  legacy `fp16: {enabled: true, type: bfloat16}` is bf16; otherwise fp32. The `precision` key
-  alone (`precision: bf16`) enables that precision.
+- **Defaults.** A key a config leaves out takes GPT-NeoX's default (the KERPLE fork's argument
+  definitions); the keys GPT-NeoX requires (the model shape, `train_iters`) default to the paper's
+  162M model.
+- **Precision.** `fp16: {enabled: true}` is fp16; `bf16: {enabled: true}` or the KERPLE fork's
+  `fp16: {type: bfloat16}` (enabled or not) is bf16; otherwise fp32. The `precision` key alone
+  (`precision: bf16`) enables that precision.
+- **DeepSpeed blocks** take every key DeepSpeed 0.19.8 accepts in them and are passed on to
+  DeepSpeed as written (`fp16.type` and `fp16.fp16` are GPT-NeoX's own and stay in kerple).
+- **GPT-NeoX features kerple lacks** are refused when the config loads, with one line naming the
+  feature: the keys of the `neox` section marked "refused", the values a key's meaning lists as
+  refused, and `attention_config` layer types other than global and flash. Keys without effect that
+  a file sets are listed in one note when the config loads (logger `kerple.config`; entry points
+  print it), with what kerple does instead.
 - **Batch.** `train_batch_size = micro_batch_size x gradient_accumulation_steps x
   data_parallel_size` with `data_parallel_size = world_size / (max(pipe_parallel_size, 1) x
   model_parallel_size)`. Any two determine the third, filled by `Config.resolve_batch(world_size)`.
@@ -64,7 +74,7 @@ def _row(ref: FieldRef) -> str:
         aliases.insert(0, f"`{keys[0].replace('_', '-')}`")
     note = "" if ref.metadata["effect"] else " *(no effect)*"
     return (
-        f"| `{keys[0]}` | {_cell(describe_type(ref.hint))} | {_format_default(_default(ref))} | "
+        f"| `{keys[0]}` | {_cell(describe_type(ref.hint))} | {_cell(_format_default(_default(ref)))} | "
         f"{', '.join(aliases) or '-'} | {_cell(ref.metadata['help'])}{note} |"
     )
 
@@ -95,10 +105,10 @@ def render_reference() -> str:
     lines.append("")
     lines.append("## Accepted for compatibility, no effect\n")
     lines.append(
-        "These reference keys load (type-checked) and are kept in the config and in saved copies, "
-        "but nothing in this project reads them.\n"
+        "These GPT-NeoX keys load (type-checked) and are kept in the config and in saved copies, but "
+        "kerple does not act on them; the same holds for every key of the `neox` section above.\n"
     )
     for ref in FIELDS:
-        if not ref.metadata["effect"]:
+        if not ref.metadata["effect"] and ref.section != "neox":
             lines.append(f"- `{ref.primary}` ({ref.section}): {ref.metadata['help']}")
     return "\n".join(lines) + "\n"

@@ -1,10 +1,12 @@
 """The typed config sections.
 
 Each field is one YAML key (its name, unless ``keys`` in :func:`~kerple.config.fields.setting`
-says otherwise; dashes and underscores are alike). Defaults are the paper's 162M setup
-(docs/reference-format.md §4) where the reference has no default, the reference's default otherwise; precision
-defaults to fp32 so that a config without an ``fp16``/``bf16`` block runs on a CPU.
-Fields marked ``derived`` are filled after loading and cannot be set from a file. The
+says otherwise; dashes and underscores are alike). Every key that a GPT-NeoX config may leave out
+defaults to GPT-NeoX's value (the KERPLE fork's argument definitions; the table with its sources is
+``tests/unit/config/neox_defaults.yml``, and a test holds these defaults to it). Keys that GPT-NeoX
+requires (the model shape, the run length) default to the paper's 162M setup
+(docs/reference-format.md §4). Precision defaults to fp32, as in GPT-NeoX without an ``fp16``
+block. Fields marked ``derived`` are filled after loading and cannot be set from a file. The
 ``positional`` section's options are not declared here but beside their families
 (:mod:`kerple.positional.options`), from which :func:`positional_section` builds it.
 """
@@ -16,7 +18,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kerple import positional
+from kerple.config.deepspeed_keys import (
+    COMMS_LOGGER_KEYS,
+    MONITOR_KEYS,
+    REMOVED_BLOCKS,
+    WANDB_KEYS,
+    ZERO_KEYS,
+)
 from kerple.config.fields import setting
+from kerple.config.neox_only import NeoXOnlyConfig
 
 INIT_METHODS = Literal[
     "normal",
@@ -28,6 +38,9 @@ INIT_METHODS = Literal[
     "wang_init",
     "small_init",
 ]
+
+_GATED = ("swiglu", "reglu", "bilinear", "glu")
+_NEW_INITS = {"single_residual_scaled_normal": "GPT-NeoX's single_residual_scaled_normal initialisation (since 2024)"}
 
 
 @dataclass
@@ -57,7 +70,15 @@ class ModelConfig:
         0, "vocab_size rounded up to a multiple of make_vocab_size_divisible_by x model_parallel_size.", derived=True
     )
     head_dim: int = setting(0, "hidden_size / num_attention_heads.", derived=True)
-    norm: Literal["layernorm", "rmsnorm", "scalenorm"] = setting("layernorm", "Normalisation layer type.")
+    norm: Literal["layernorm", "rmsnorm", "scalenorm"] = setting(
+        "layernorm",
+        "Normalisation layer type.",
+        refuse_values={
+            "te_rmsnorm": "Transformer Engine's RMSNorm",
+            "te_layernorm": "Transformer Engine's LayerNorm",
+            "non_parametric_layernorm": "LayerNorm without learned scale and shift",
+        },
+    )
     layernorm_epsilon: float = setting(1e-5, "LayerNorm epsilon.", minimum=0.0)
     rms_norm_epsilon: float = setting(1e-8, "RMSNorm epsilon (norm: rmsnorm).", minimum=0.0)
     scalenorm_epsilon: float = setting(1e-8, "ScaleNorm epsilon (norm: scalenorm).", minimum=0.0)
@@ -65,33 +86,54 @@ class ModelConfig:
         False, "Parallel residual x + attn(ln1(x)) + mlp(ln2(x)) instead of the sequential pre-LN residual."
     )
     activation: Literal["gelu", "geglu", "relu", "softsign", "swish", "mish"] = setting(
-        "gelu", "MLP activation (exact GELU by default)."
+        "gelu",
+        "MLP activation (exact GELU by default); GPT-NeoX's 'silu' is stored as 'swish', the same function.",
+        value_aliases={"silu": "swish"},
+        refuse_values={name: f"the gated activation {name} of GPT-NeoX (since 2023)" for name in _GATED},
     )
     no_weight_tying: bool = setting(
-        True, "Untie the LM head from the word embeddings (the paper's setting; the reference default is tied)."
+        False, "Untie the LM head from the word embeddings (the KERPLE paper's models set true; GPT-NeoX ties by default)."
     )
-    init_method: INIT_METHODS = setting("normal", "Initialisation of the weights other than the output projections.")
+    init_method: INIT_METHODS = setting(
+        "normal", "Initialisation of the weights other than the output projections.", refuse_values=_NEW_INITS
+    )
     output_layer_init_method: INIT_METHODS = setting(
         "scaled_normal",
         "Initialisation of attention.dense and mlp.dense_4h_to_h; scaled_normal is N(0, std / sqrt(2 num_layers)).",
+        refuse_values=_NEW_INITS,
     )
     init_method_std: float = setting(0.02, "Standard deviation of the normal initialisations.", minimum=0.0)
-    hidden_dropout: float = setting(0.0, "Dropout after the attention and MLP blocks.", minimum=0.0, maximum=1.0)
-    attention_dropout: float = setting(0.0, "Dropout on the attention probabilities.", minimum=0.0, maximum=1.0)
+    hidden_dropout: float = setting(
+        0.1, "Dropout after the attention and MLP blocks (the KERPLE paper's models set 0).", minimum=0.0, maximum=1.0
+    )
+    attention_dropout: float = setting(
+        0.1, "Dropout on the attention probabilities (the KERPLE paper's models set 0).", minimum=0.0, maximum=1.0
+    )
     output_layer_parallelism: Literal["row", "column"] = setting(
-        "row", "Tensor-parallel layout of the LM head in the reference.", effect=False
+        "row", "GPT-NeoX's tensor-parallel layout of the LM head; kerple lays it out itself (same output).", effect=False
     )
     scaled_upper_triang_masked_softmax_fusion: bool = setting(
-        False, "Reference fused CUDA softmax kernel; the attention implementation is chosen by attention_impl.", effect=False
+        False, "GPT-NeoX fused CUDA softmax kernel (same math); kerple's kernel is chosen by attention_impl.", effect=False
     )
-    scaled_masked_softmax_fusion: bool = setting(False, "Reference fused CUDA softmax kernel.", effect=False)
-    bias_gelu_fusion: bool = setting(False, "Reference fused bias+GELU kernel (same math).", effect=False)
-    bias_dropout_fusion: bool = setting(False, "Reference fused bias+dropout kernel (same math).", effect=False)
+    scaled_masked_softmax_fusion: bool = setting(
+        False, "GPT-NeoX fused CUDA softmax kernel (same math); kerple's kernel is chosen by attention_impl.", effect=False
+    )
+    bias_gelu_fusion: bool = setting(
+        False, "GPT-NeoX fused bias+GELU kernel (same math); kerple runs the PyTorch ops.", effect=False
+    )
+    bias_dropout_fusion: bool = setting(
+        False, "GPT-NeoX fused bias+dropout kernel (same math); kerple runs the PyTorch ops.", effect=False
+    )
     apply_query_key_layer_scaling: bool = setting(
-        False, "Reference fp16 overflow guard (mathematically the identity).", effect=False
+        False,
+        "GPT-NeoX divides layer i's scores by max(1, i) and multiplies them back inside the softmax, so a "
+        "positional bias added in between is multiplied by max(1, i) (i counts layers from 0). kerple accepts "
+        "true only for embeddings without a score bias (learned, sinusoidal, rotary, none), where it changes "
+        "nothing but rounding, and refuses it for bias and weight kernels.",
+        effect=False,
     )
     attention_softmax_in_fp32: bool = setting(
-        False, "Reference option; the eager softmax here always runs in fp32.", effect=False
+        False, "GPT-NeoX option; kerple's eager softmax always runs in fp32.", effect=False
     )
 
 
@@ -139,10 +181,14 @@ class AttentionConfig:
     )
     attention_config: list | None = setting(
         None,
-        "Reference per-layer attention types, e.g. [[[global], 12]]; only 'global' is supported.",
+        "GPT-NeoX per-layer attention types, e.g. [[[global], 12]] or [[[flash], all]]; global and flash (a "
+        "kernel for the same math) run as kerple's attention_impl; other types (local, sparse, gMLP, Mamba, "
+        "RWKV, ...) are refused.",
         effect=False,
     )
-    sparsity_config: dict = setting({}, "Reference sparse-attention settings (sparse attention is not supported).", effect=False)
+    sparsity_config: dict = setting(
+        {}, "GPT-NeoX sparse-attention settings; used only by sparse attention types, which kerple refuses.", effect=False
+    )
 
 
 @dataclass
@@ -152,14 +198,20 @@ class OptimizerConfig:
     type: str = setting(
         "Adam", "Optimizer: Adam or AdamW (case-insensitive); both run the decoupled AdamW update.", keys=("optimizer.type",)
     )
-    lr: float = setting(6e-4, "Peak learning rate.", keys=("optimizer.params.lr", "lr"), minimum=0.0)
+    lr: float = setting(0.001, "Peak learning rate.", keys=("optimizer.params.lr", "lr"), minimum=0.0)
     betas: list[float] = setting([0.9, 0.999], "Adam betas (two numbers).", keys=("optimizer.params.betas",), minimum=0.0)
     eps: float = setting(1e-8, "Adam epsilon.", keys=("optimizer.params.eps",), minimum=0.0)
     weight_decay: float = setting(
-        0.0,
+        0.01,
         "Decoupled weight decay (not applied to biases and norms).",
         keys=("optimizer.params.weight_decay", "weight_decay"),
         minimum=0.0,
+    )
+    legacy_fusion: bool = setting(
+        False,
+        "DeepSpeed's legacy fused-optimizer switch; kerple builds its AdamW itself.",
+        keys=("optimizer.legacy_fusion",),
+        effect=False,
     )
 
 
@@ -167,25 +219,53 @@ class OptimizerConfig:
 class LRScheduleConfig:
     """GPT-NeoX ``AnnealingLR``: linear warm-up, then decay (docs/reference-format.md §5)."""
 
-    lr_decay_style: Literal["constant", "linear", "cosine"] = setting("cosine", "Decay after warm-up.")
-    lr_decay_iters: int | None = setting(None, "Length of the schedule in steps; null means train_iters.", minimum=1)
+    lr_decay_style: Literal["constant", "linear", "cosine", "exponential"] = setting("linear", "Decay after warm-up.")
+    lr_decay_iters: int | None = setting(
+        None, "Length of the schedule in steps; null means lr_decay_fraction x train_iters, or train_iters.", minimum=1
+    )
+    lr_decay_fraction: float | None = setting(
+        None,
+        "GPT-NeoX (since 2024): lr_decay_iters = floor(train_iters x lr_decay_fraction) when lr_decay_iters is null.",
+        minimum=0.0,
+    )
     warmup: float = setting(0.01, "Warm-up length as a fraction of lr_decay_iters.", minimum=0.0, maximum=1.0)
     min_lr: float = setting(0.0, "Floor of the learning rate.", minimum=0.0)
+    use_checkpoint_lr_scheduler: bool = setting(
+        False,
+        "On resume, take lr, min_lr, warm-up, schedule length and decay style from the checkpoint. With this and "
+        "override_lr_scheduler both false (GPT-NeoX's defaults), a resume whose configured values differ from "
+        "the checkpoint's is an error; the step count always comes from the checkpoint.",
+    )
+    override_lr_scheduler: bool = setting(
+        False, "On resume, keep the configured schedule values instead of the checkpoint's (exclusive with the above)."
+    )
 
 
 @dataclass
 class PrecisionConfig:
-    """Training precision, from the DeepSpeed ``fp16``/``bf16`` blocks (or the ``precision`` key)."""
+    """Training precision, from the DeepSpeed ``fp16``/``bf16`` blocks (or the ``precision`` key).
+
+    The blocks take every key DeepSpeed 0.19.8 accepts in them, and kerple passes each on to
+    DeepSpeed as written, plus GPT-NeoX's own ``fp16.type`` and ``fp16.fp16``.
+    """
 
     precision: Literal["fp32", "bf16", "fp16", "bfloat16", "float16"] | None = setting(
         None,
         "Resolved to fp32, bf16 or fp16 from the fp16/bf16 blocks. Setting it alone enables that "
         "precision; setting it against an enabled block is an error.",
     )
-    fp16_enabled: bool = setting(False, "Enable fp16 (or bf16 with the legacy fp16.type: bfloat16).", keys=("fp16.enabled",))
+    fp16_enabled: bool = setting(False, "Enable fp16 (unless fp16.type is bfloat16).", keys=("fp16.enabled",))
     fp16_type: Literal["bfloat16", "bf16", "fp16", "float16"] | None = setting(
-        None, "Legacy reference field: fp16: {enabled: true, type: bfloat16} means bf16.", keys=("fp16.type",)
+        None,
+        "KERPLE fork (GPT-NeoX 2022) field: type bfloat16 means bf16 whether or not fp16.enabled is true, as the "
+        "fork derives its precision; not passed to DeepSpeed.",
+        keys=("fp16.type",),
     )
+    fp16_flag: bool | None = setting(
+        None, "Written as fp16: {fp16: true} in GPT-NeoX's configs; DeepSpeed ignored it then and refuses it now, so "
+        "kerple does not pass it on (fp16.enabled decides).", keys=("fp16.fp16",), effect=False
+    )
+    auto_cast: bool = setting(False, "DeepSpeed: cast floating-point inputs to fp16.", keys=("fp16.auto_cast",))
     loss_scale: float = setting(0.0, "Static fp16 loss scale; 0 means dynamic.", keys=("fp16.loss_scale",), minimum=0.0)
     initial_scale_power: int = setting(
         16, "Dynamic loss scaling starts at 2**initial_scale_power.", keys=("fp16.initial_scale_power",), minimum=0
@@ -194,9 +274,37 @@ class PrecisionConfig:
         1000, "Steps without overflow before the dynamic loss scale grows.", keys=("fp16.loss_scale_window",), minimum=1
     )
     hysteresis: int = setting(2, "Overflows tolerated before the loss scale shrinks.", keys=("fp16.hysteresis",), minimum=1)
+    consecutive_hysteresis: bool = setting(
+        False, "DeepSpeed: refill the hysteresis after a step without overflow.", keys=("fp16.consecutive_hysteresis",)
+    )
     min_loss_scale: float = setting(1.0, "Lower bound of the dynamic loss scale.", keys=("fp16.min_loss_scale",), minimum=0.0)
+    fp16_master_weights_and_grads: bool = setting(
+        False,
+        "DeepSpeed: fp16 master weights (DeepSpeedCPUAdam with ZeRO only).",
+        keys=("fp16.fp16_master_weights_and_grads",),
+    )
     bf16_enabled: bool = setting(False, "Enable bf16 (DeepSpeed bf16 block).", keys=("bf16.enabled",))
-    fp32_allreduce: bool = setting(False, "Reference: all-reduce gradients in fp32.", effect=False)
+    immediate_grad_update: bool = setting(
+        False, "DeepSpeed bf16: apply gradient updates immediately.", keys=("bf16.immediate_grad_update",)
+    )
+    check_grad_overflow: bool = setting(
+        True, "DeepSpeed bf16: skip a step whose gradients overflow.", keys=("bf16.check_grad_overflow",)
+    )
+    bf16_master_weights_and_grads: bool = setting(
+        False,
+        "DeepSpeed bf16: keep ZeRO master weights and gradients in bf16.",
+        keys=("bf16.bf16_master_weights_and_grads",),
+    )
+    bf16_optimizer_states: bool = setting(
+        False, "DeepSpeed bf16: keep optimizer states in bf16 (with bf16_master_weights_and_grads).",
+        keys=("bf16.bf16_optimizer_states",),
+    )
+    fp32_allreduce: bool = setting(
+        False,
+        "GPT-NeoX: all-reduce gradients in fp32; kerple lets DeepSpeed choose (set communication_data_type: fp32 "
+        "for the same effect).",
+        effect=False,
+    )
 
 
 @dataclass
@@ -208,7 +316,11 @@ class ParallelismConfig:
     )
     model_parallel_size: int = setting(1, "Tensor-parallel size.", minimum=1)
     zero_optimization: dict = setting(
-        {}, "DeepSpeed ZeRO block, kept whole; its 'stage' gives zero_stage. Merged key by key across files."
+        {},
+        "DeepSpeed ZeRO block, passed on as written (every key DeepSpeed 0.19.8 accepts); its 'stage' gives "
+        "zero_stage. Merged key by key across files.",
+        block=True,
+        block_keys=ZERO_KEYS,
     )
     zero_stage: int = setting(0, "zero_optimization.stage (0 when absent).", derived=True)
     world_size: int | None = setting(None, "Number of processes, set by Config.resolve_batch.", derived=True)
@@ -217,13 +329,28 @@ class ParallelismConfig:
     )
     distributed_backend: Literal["nccl", "gloo", "mpi"] = setting("nccl", "torch.distributed backend (GPU runs).")
     num_gpus: int | None = setting(None, "GPUs per node the launcher starts; null means every visible GPU.", minimum=1)
-    zero_allow_untested_optimizer: bool = setting(False, "DeepSpeed check for client optimizers.", effect=False)
-    launcher: Literal["pdsh", "openmpi", "mvapich", "slurm"] = setting("pdsh", "Reference multi-node launcher.", effect=False)
-    hostfile: str | None = setting(None, "Reference multi-node hostfile.", effect=False)
-    include: str | None = setting(None, "Reference launcher host/GPU selection (deepspeed --include).", effect=False)
-    exclude: str | None = setting(None, "Reference launcher host/GPU exclusion (deepspeed --exclude).", effect=False)
-    num_nodes: int = setting(-1, "Reference launcher node count.", effect=False)
-    deepspeed_mpi: bool = setting(False, "Reference: discover ranks through MPI.", effect=False)
+    zero_allow_untested_optimizer: bool = setting(
+        False,
+        "DeepSpeed check for client optimizers; kerple always sets it (its AdamW is a client optimizer).",
+        effect=False,
+    )
+    launcher: Literal["pdsh", "openmpi", "mvapich", "slurm"] = setting(
+        "pdsh",
+        "GPT-NeoX multi-node launcher; kerple's deepy.py uses DeepSpeed's launcher on CUDA and "
+        "torch.distributed.run on CPU.",
+        effect=False,
+    )
+    hostfile: str | None = setting(None, "GPT-NeoX hostfile; pass it to kerple as deepy.py --hostfile.", effect=False)
+    include: str | None = setting(
+        None, "GPT-NeoX host/GPU selection; pass it to kerple as deepy.py --include.", effect=False
+    )
+    exclude: str | None = setting(
+        None, "GPT-NeoX host/GPU exclusion; kerple's deepy.py takes --include instead.", effect=False
+    )
+    num_nodes: int = setting(-1, "GPT-NeoX node count; kerple's deepy.py uses the nodes of --hostfile.", effect=False)
+    deepspeed_mpi: bool = setting(
+        False, "GPT-NeoX: discover ranks through MPI; kerple reads them from the launcher's environment.", effect=False
+    )
 
 
 @dataclass
@@ -234,21 +361,31 @@ class DataConfig:
     train_data_paths: list[str] | None = setting(None, "Separate training dataset prefixes (instead of data_path + split).")
     valid_data_paths: list[str] | None = setting(None, "Separate validation dataset prefixes.")
     test_data_paths: list[str] | None = setting(None, "Separate test dataset prefixes.")
-    split: str = setting("949,50,1", "Train/valid/test proportions of data_path's documents, e.g. '949,50,1'.")
+    split: str = setting("969, 30, 1", "Train/valid/test proportions of data_path's documents, e.g. '949,50,1'.")
     seq_length_val: int | None = setting(
         None, "Validation/test sequence length (KERPLE fork; extrapolation evaluation); null means seq_length.", minimum=1
     )
     tokenizer_type: Literal["GPT2BPETokenizer", "HFTokenizer", "SPMTokenizer", "CharLevelTokenizer"] = setting(
-        "GPT2BPETokenizer", "Tokenizer family."
+        "GPT2BPETokenizer",
+        "Tokenizer family.",
+        refuse_values={
+            "HFGPT2Tokenizer": "GPT-NeoX's Hugging Face GPT-2 loader (use GPT2BPETokenizer with vocab_file and "
+            "merge_file: the same tokens)",
+            "TiktokenTokenizer": "a tiktoken tokenizer",
+        },
     )
     vocab_file: str | None = setting(None, "GPT-2 vocab.json (or the HF tokenizer.json / SentencePiece model).")
     merge_file: str | None = setting(None, "GPT-2 merges.txt.")
     tokenizer_file: str | None = setting(None, "HF tokenizer.json (this project's key; vocab_file also works).")
     num_workers: int = setting(2, "DataLoader worker processes.", minimum=0)
     eod_mask_loss: bool = setting(False, "Do not train on predicting the token after an end-of-document token.")
-    data_impl: Literal["mmap", "infer"] = setting("mmap", "Reference dataset reader; only the mmap format is read.", effect=False)
-    mmap_warmup: bool = setting(False, "Reference: touch every page of the mmap at start.", effect=False)
-    use_shared_fs: bool = setting(True, "Reference: whether ranks share a filesystem for the index cache.", effect=False)
+    data_impl: Literal["infer", "mmap", "cached"] = setting(
+        "infer", "GPT-NeoX dataset reader choice; kerple always reads the mmap format.", effect=False
+    )
+    mmap_warmup: bool = setting(False, "GPT-NeoX: touch every page of the mmap at start; kerple does not.", effect=False)
+    use_shared_fs: bool = setting(
+        True, "GPT-NeoX: whether ranks share a filesystem for the index cache; kerple does not use it.", effect=False
+    )
 
 
 @dataclass
@@ -268,20 +405,33 @@ class TrainingConfig:
     train_iters: int = setting(50000, "Optimizer steps to train; 0 means evaluation only.", minimum=0)
     seed: int = setting(1234, "Random seed (initialisation, data order, dropout).")
     gradient_clipping: float = setting(
-        1.0, "Clip the global gradient norm to this value; 0 disables.", keys=("gradient_clipping", "clip_grad"), minimum=0.0
+        0.0,
+        "Clip the global gradient norm to this value; 0 disables (the KERPLE paper's models set 1.0).",
+        keys=("gradient_clipping", "clip_grad"),
+        minimum=0.0,
     )
     eval_interval: int = setting(1000, "Steps between validation runs.", minimum=1)
-    eval_iters: int = setting(10, "Validation batches per validation run.", minimum=0)
+    eval_iters: int = setting(100, "Validation batches per validation run.", minimum=0)
     checkpoint_activations: bool = setting(
         False, "Recompute each group of checkpoint_num_layers transformer layers in the backward pass (saves memory, same numbers)."
     )
     checkpoint_num_layers: int = setting(1, "Transformer layers per activation-checkpoint group.", minimum=1)
     compile: bool = setting(False, "Wrap the model in torch.compile.")
-    partition_activations: bool = setting(False, "Reference: split checkpointed activations across model-parallel ranks.", effect=False)
-    synchronize_each_layer: bool = setting(False, "Reference: CUDA synchronise after each checkpointed layer.", effect=False)
-    contiguous_checkpointing: bool = setting(False, "Reference activation-checkpoint memory layout.", effect=False)
-    checkpoint_in_cpu: bool = setting(False, "Reference: keep checkpointed activations in CPU memory.", effect=False)
-    deepspeed_activation_checkpointing: bool = setting(True, "Reference: use DeepSpeed's checkpointing.", effect=False)
+    partition_activations: bool = setting(
+        False, "GPT-NeoX: split checkpointed activations across model-parallel ranks; kerple keeps them whole.", effect=False
+    )
+    synchronize_each_layer: bool = setting(
+        False, "GPT-NeoX: CUDA synchronise after each checkpointed layer; kerple does not.", effect=False
+    )
+    contiguous_checkpointing: bool = setting(
+        False, "GPT-NeoX activation-checkpoint memory layout; kerple uses torch.utils.checkpoint.", effect=False
+    )
+    checkpoint_in_cpu: bool = setting(
+        False, "GPT-NeoX: keep checkpointed activations in CPU memory; kerple keeps them on the device.", effect=False
+    )
+    deepspeed_activation_checkpointing: bool = setting(
+        True, "GPT-NeoX: use DeepSpeed's activation checkpointing; kerple uses torch.utils.checkpoint.", effect=False
+    )
 
 
 @dataclass
@@ -290,16 +440,21 @@ class LoggingConfig:
 
     log_interval: int = setting(100, "Steps between progress lines and logged metrics.", minimum=1)
     use_wandb: bool = setting(False, "Log to Weights & Biases.")
-    wandb_project: str = setting("kerple", "W&B project.")
+    wandb_project: str = setting("neox", "W&B project.")
     wandb_group: str | None = setting(None, "W&B run group.")
     wandb_team: str | None = setting(None, "W&B entity.")
     wandb_host: str = setting("https://api.wandb.ai", "W&B server.")
     use_tensorboard: bool | None = setting(None, "Write TensorBoard events; null means on when tensorboard_dir is set.")
     tensorboard_dir: str | None = setting(None, "TensorBoard event directory.")
     log_dir: str | None = setting(None, "Directory for text logs.")
-    steps_per_print: int = setting(10, "DeepSpeed's own progress print interval.", minimum=1, effect=False)
-    wall_clock_breakdown: bool = setting(False, "DeepSpeed per-phase timers.", effect=False)
-    git_hash: str | None = setting(None, "Recorded by the reference launcher.", effect=False)
+    steps_per_print: int = setting(
+        10, "DeepSpeed's own progress print interval; kerple prints its own lines every log_interval steps.",
+        minimum=1, effect=False,
+    )
+    wall_clock_breakdown: bool = setting(
+        False, "DeepSpeed per-phase timers; kerple prints its own time per step.", effect=False
+    )
+    git_hash: str | None = setting(None, "Recorded by the GPT-NeoX launcher; kerple does not use it.", effect=False)
 
 
 @dataclass
@@ -308,7 +463,15 @@ class CheckpointingConfig:
 
     save: str | None = setting(None, "Directory to write checkpoints to; null disables saving.")
     load: str | None = setting(None, "Directory to resume or fine-tune from (its 'latest' tag).")
-    save_interval: int = setting(1000, "Steps between checkpoints.", minimum=1)
+    save_interval: int = setting(
+        1000, "Steps between checkpoints (GPT-NeoX has no default and requires it with 'save').", minimum=1
+    )
+    checkpoint_factor: int | float | None = setting(
+        None,
+        "GPT-NeoX's later name of the save interval: with checkpoint_scale linear (the default) a whole number "
+        "sets save_interval.",
+        minimum=1,
+    )
     keep_last_n_checkpoints: int | None = setting(None, "Delete older checkpoints beyond this many; null keeps all.", minimum=1)
     finetune: bool = setting(False, "Load weights only and restart the step count, optimizer and schedule.")
     no_load_optim: bool = setting(False, "Do not restore the optimizer state.")
@@ -316,8 +479,88 @@ class CheckpointingConfig:
     no_save_optim: bool = setting(False, "Do not write the optimizer state.")
     no_save_rng: bool = setting(False, "Do not write random-number-generator states.")
     checkpoint_validation_with_forward_pass: bool = setting(
-        False, "Reference: run a forward pass to validate a saved checkpoint.", effect=False
+        False, "GPT-NeoX: run a forward pass to validate a saved checkpoint; kerple does not run that check.", effect=False
     )
+
+
+@dataclass
+class DeepSpeedConfig:
+    """Further DeepSpeed blocks and keys of GPT-NeoX's configs, passed on to DeepSpeed as written.
+
+    Blocks merge key by key across files. Blocks that DeepSpeed 0.19.8 no longer accepts (``amp``,
+    ``elasticity``, ``curriculum_learning``, ``compression_training``, ``sparse_attention``,
+    ``sparse_gradients``) load while switched off and are never passed on.
+    """
+
+    scheduler: dict = setting(
+        {},
+        "DeepSpeed LR-scheduler block, passed on; DeepSpeed 0.19.8 runs kerple's AnnealingLR (the client "
+        "scheduler) instead of it, as lr_decay_style and the other lr_schedule keys say.",
+        block=True,
+    )
+    prescale_gradients: bool = setting(False, "DeepSpeed: scale gradients before the all-reduce.")
+    gradient_predivide_factor: float = setting(
+        1.0, "DeepSpeed: divide gradients by this factor before the all-reduce.", minimum=0.0
+    )
+    communication_data_type: Literal["fp16", "bf16", "fp32"] | None = setting(
+        None, "DeepSpeed: data type of the gradient all-reduce; null lets DeepSpeed choose."
+    )
+    dump_state: bool = setting(False, "DeepSpeed: print its state after initialisation.")
+    flops_profiler: dict = setting({}, "DeepSpeed FLOPS-profiler block, passed on.", block=True)
+    autotuning: dict = setting({}, "DeepSpeed autotuning block, passed on (read by DeepSpeed's autotuner).", block=True)
+    activation_checkpointing: dict = setting(
+        {},
+        "DeepSpeed activation-checkpointing block, passed on; kerple's checkpoint_activations uses "
+        "torch.utils.checkpoint and does not read it.",
+        block=True,
+    )
+    data_efficiency: dict = setting(
+        {},
+        "DeepSpeed data-efficiency block, passed on while not enabled; enabled (curriculum sampling, token "
+        "dropping) is refused: kerple's data order is GPT-NeoX's.",
+        block=True,
+    )
+    tensorboard: dict = setting(
+        {}, "DeepSpeed's own TensorBoard monitor, passed on (kerple's is tensorboard_dir).", block=True,
+        block_keys=MONITOR_KEYS,
+    )
+    wandb: dict = setting(
+        {}, "DeepSpeed's own W&B monitor, passed on (kerple's is use_wandb).", block=True, block_keys=WANDB_KEYS
+    )
+    csv_monitor: dict = setting({}, "DeepSpeed's CSV monitor, passed on.", block=True, block_keys=MONITOR_KEYS)
+    comms_logger: dict = setting({}, "DeepSpeed communication logger, passed on.", block=True, block_keys=COMMS_LOGGER_KEYS)
+    checkpoint: dict = setting(
+        {}, "DeepSpeed checkpoint block, passed on; kerple writes its own checkpoints and does not read it.", block=True
+    )
+    data_types: dict = setting({}, "DeepSpeed data types (e.g. grad_accum_dtype: fp32), passed on.", block=True)
+    deepspeed_extra_args: dict = setting(
+        {},
+        "Further top-level DeepSpeed keys, merged into the DeepSpeed config as written; keys that kerple derives "
+        "itself (batch sizes, clipping, precision, ZeRO, optimizer) are refused here.",
+        block=True,
+    )
+    amp: dict = setting({}, f"GPT-NeoX block for {REMOVED_BLOCKS['amp']}; refused when enabled.", effect=False, block=True)
+    elasticity: dict = setting(
+        {}, f"GPT-NeoX block for {REMOVED_BLOCKS['elasticity']}; refused when enabled.", effect=False, block=True
+    )
+    curriculum_learning: dict = setting(
+        {}, f"GPT-NeoX block for {REMOVED_BLOCKS['curriculum_learning']}; refused when enabled.", effect=False, block=True
+    )
+    compression_training: dict = setting(
+        {}, f"GPT-NeoX block for {REMOVED_BLOCKS['compression_training']}; refused unless empty.", effect=False, block=True
+    )
+    sparse_attention: dict = setting(
+        {}, f"GPT-NeoX block for {REMOVED_BLOCKS['sparse_attention']}; read only by sparse attention types, which "
+        "kerple refuses.", effect=False, block=True,
+    )
+    sparse_gradients: bool = setting(
+        False,
+        "DeepSpeed sparse embedding-gradient compression (removed from DeepSpeed 0.19.8); kerple reduces gradients "
+        "dense (same result).",
+        effect=False,
+    )
+    curriculum_seqlen: int = setting(0, "Set by GPT-NeoX at run time; kerple derives its own.", effect=False)
+    deepspeed: bool = setting(True, "GPT-NeoX: always true; kerple always trains with DeepSpeed.", effect=False)
 
 
 SECTIONS: dict[str, type] = {
@@ -332,5 +575,7 @@ SECTIONS: dict[str, type] = {
     "training": TrainingConfig,
     "logging": LoggingConfig,
     "checkpointing": CheckpointingConfig,
+    "deepspeed": DeepSpeedConfig,
+    "neox": NeoXOnlyConfig,
 }
 """Section attribute name on :class:`~kerple.config.Config` -> its dataclass, in page order."""

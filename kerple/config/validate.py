@@ -59,6 +59,7 @@ def device_type() -> str:
 def finalize(cfg: Config) -> None:
     """Fill the derived values of ``cfg`` and check every field and cross-key rule (idempotent)."""
     _field_checks(cfg)
+    neox_checks = importlib.import_module("kerple.config.neox_checks")
     _parallelism(cfg)
     _model(cfg)
     _positional(cfg)
@@ -69,6 +70,7 @@ def finalize(cfg: Config) -> None:
     _data(cfg)
     _training(cfg)
     _logging(cfg)
+    neox_checks.check(cfg)
 
 
 def _field_checks(cfg: Config) -> None:
@@ -91,7 +93,15 @@ def _parallelism(cfg: Config) -> None:
             key="zero_optimization.stage",
         )
     cfg.parallelism.zero_stage = stage
+
+
+def check_parallel_layout(cfg: Config) -> None:
+    """Refuse the parallel layouts the trainer cannot run (called by :meth:`Config.resolve_batch`,
+    i.e. when a training run fixes its layout). A config that only describes a model, such as
+    GPT-NeoX's 20B with pipeline and tensor parallelism together, still loads for evaluation and
+    conversion."""
     _pipeline_combinations(cfg)
+    stage = cfg.parallelism.zero_stage
     if cfg.parallelism.model_parallel_size > 1 and stage > 0:
         raise fail(
             cfg,
@@ -199,27 +209,7 @@ def _positional(cfg: Config) -> None:
 
 
 def _attention(cfg: Config) -> None:
-    layers = cfg.attention.attention_config
-    if layers is not None:
-        total = 0
-        for item in layers:
-            ok = isinstance(item, list) and len(item) == 2 and isinstance(item[0], list) and isinstance(item[1], int)
-            if not ok:
-                raise fail(cfg, f"expected items [[types...], layer_count], got {item!r}", "attention.attention_config")
-            unsupported = sorted({str(kind) for kind in item[0]} - {"global"})
-            if unsupported:
-                raise fail(
-                    cfg,
-                    f"attention types {unsupported} are not supported (only 'global'); remove the key",
-                    "attention.attention_config",
-                )
-            total += item[1]
-        if total != cfg.model.num_layers:
-            raise fail(
-                cfg,
-                f"covers {total} layers but num_layers is {cfg.model.num_layers}",
-                "attention.attention_config",
-            )
+    importlib.import_module("kerple.config.neox_checks").attention_layers(cfg)
     if cfg.attention.attention_impl == "auto":
         return  # resolved per forward to an implementation that serves the embedding
     family = positional_family(cfg)
@@ -249,7 +239,16 @@ def _optimizer(cfg: Config) -> None:
 def _lr_schedule(cfg: Config) -> None:
     schedule = cfg.lr_schedule
     if schedule.lr_decay_iters is None and cfg.training.train_iters > 0:
-        schedule.lr_decay_iters = cfg.training.train_iters
+        fraction = schedule.lr_decay_fraction
+        iters = cfg.training.train_iters if fraction is None else math.floor(cfg.training.train_iters * fraction)
+        schedule.lr_decay_iters = max(iters, 1)
+    if schedule.use_checkpoint_lr_scheduler and schedule.override_lr_scheduler:
+        raise fail(
+            cfg,
+            "both set: the schedule cannot come from the checkpoint and from the config; keep one",
+            "lr_schedule.use_checkpoint_lr_scheduler",
+            "lr_schedule.override_lr_scheduler",
+        )
     if schedule.min_lr > cfg.optimizer.lr:
         raise fail(
             cfg,
@@ -261,11 +260,17 @@ def _lr_schedule(cfg: Config) -> None:
 
 
 def _precision(cfg: Config) -> None:
-    """fp32, bf16 or fp16 from the blocks; the legacy ``fp16: {enabled, type: bfloat16}`` is bf16."""
+    """fp32, bf16 or fp16 from the blocks.
+
+    As the KERPLE fork derives it, ``fp16.type: bfloat16`` means bf16 whether ``fp16.enabled`` is
+    true or false; otherwise ``fp16.enabled`` means fp16 and ``bf16.enabled`` bf16.
+    """
     precision = cfg.precision
     from_blocks = "fp32"
-    if precision.fp16_enabled:
-        from_blocks = "bf16" if precision.fp16_type in _BF16_NAMES else "fp16"
+    if precision.fp16_type in _BF16_NAMES:
+        from_blocks = "bf16"
+    elif precision.fp16_enabled:
+        from_blocks = "fp16"
     if precision.bf16_enabled:
         if precision.fp16_enabled and from_blocks != "bf16":
             raise fail(
@@ -282,13 +287,17 @@ def _precision(cfg: Config) -> None:
         precision.precision = from_blocks
         return
     if from_blocks != "fp32":
-        block = "bf16.enabled" if precision.bf16_enabled else "fp16.enabled"
+        if precision.bf16_enabled:
+            change, ident = "bf16.enabled: false", "precision.bf16_enabled"
+        elif from_blocks == "bf16":
+            change, ident = "fp16.type: null", "precision.fp16_type"
+        else:
+            change, ident = "fp16.enabled: false", "precision.fp16_enabled"
         raise fail(
             cfg,
-            f"precision {requested!r} contradicts the enabled block ({from_blocks}); "
-            f"set {block}: false or drop the precision key",
+            f"precision {requested!r} contradicts the enabled block ({from_blocks}); set {change} or drop the precision key",
             "precision.precision",
-            "precision.bf16_enabled" if precision.bf16_enabled else "precision.fp16_enabled",
+            ident,
         )
     # Blocks all disabled and a precision key asks for more: enable the matching block.
     precision.precision = requested

@@ -1,7 +1,7 @@
 """Command-line front ends behind ``train.py`` and ``deepy.py``.
 
 ``train.py <ymls> [key=value ...] [--dry-run]`` trains in this process (a launcher may start
-several; each reads the same resolved config). ``deepy.py train.py <ymls> [key=value ...]
+several; each reads the same resolved config). ``deepy.py train.py [-d DIR] <ymls> [key=value ...]
 [--hostfile H] [--num_gpus N] [--include S]`` merges and validates the config once, writes the
 resolved YAML, and starts one process per rank through the DeepSpeed launcher (CUDA) or
 ``torch.distributed.run`` (CPU, gloo), each given that one file.
@@ -99,6 +99,9 @@ def deepy_main(argv: list[str]) -> int:
     """``deepy.py``: validate once, write the resolved config, launch every rank on it."""
     parser = argparse.ArgumentParser(prog="deepy.py", description="Launch train.py on every rank with one resolved config.")
     parser.add_argument("script", help="the training script (train.py)")
+    parser.add_argument(
+        "-d", "--conf_dir", "--conf-dir", default=None, help="directory the YAML paths are relative to (as in GPT-NeoX)"
+    )
     parser.add_argument("--hostfile", default=None)
     parser.add_argument("--num_gpus", "--num-gpus", type=int, default=None)
     parser.add_argument("--include", default=None)
@@ -111,6 +114,8 @@ def deepy_main(argv: list[str]) -> int:
     paths, overrides = split_arguments(rest)
     if not paths:
         parser.error("give at least one YAML config file after the script")
+    if known.conf_dir:
+        paths = [os.path.join(known.conf_dir, path) for path in paths]
     if Path(known.script).name in EVALUATION_SCRIPTS:  # validated as the script will run: nothing trained
         overrides.append("train_iters=0")
     cfg = load_config(paths, parse_overrides(overrides))

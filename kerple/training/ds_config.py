@@ -1,11 +1,14 @@
 """The DeepSpeed JSON config emitted from a resolved :class:`kerple.config.Config`.
 
-Only what DeepSpeed needs to drive the optimizer step goes in: the batch triple, gradient
-clipping, the ZeRO block and the precision block (bf16, or fp16 with dynamic loss scaling). The
-optimizer and the LR schedule are passed to ``deepspeed.initialize`` as objects (see
-:mod:`kerple.training.optimizer`, :mod:`kerple.training.schedule`), and this project writes its own
-checkpoints (:mod:`kerple.checkpoint`), so neither appears here. ``steps_per_print`` is set
-high because the trainer prints its own progress lines.
+The batch triple, gradient clipping, the ZeRO block and the precision block (bf16, or fp16 with
+dynamic loss scaling) come from the config's own keys; the other DeepSpeed blocks and keys that a
+GPT-NeoX config may hold (``scheduler``, ``flops_profiler``, ``data_types``, ``comms_logger``, the
+keys of ``deepspeed_extra_args``, ...) are passed on as written (``cfg.deepspeed``). The optimizer
+and the LR schedule are passed to ``deepspeed.initialize`` as objects (see
+:mod:`kerple.training.optimizer`, :mod:`kerple.training.schedule`); DeepSpeed then uses them
+rather than a ``scheduler`` block. This project writes its own checkpoints
+(:mod:`kerple.checkpoint`). ``steps_per_print`` is set high because the trainer prints its
+own progress lines.
 """
 
 from __future__ import annotations
@@ -20,6 +23,36 @@ LOSS_SCALE_DEFAULTS = {
     "hysteresis": 2,
     "min_loss_scale": 1.0,
 }
+
+# Further keys of DeepSpeed 0.19.8's fp16 and bf16 blocks with DeepSpeed's defaults; each is
+# written only when the config differs from the default.
+FP16_OPTIONS = {"auto_cast": False, "consecutive_hysteresis": False, "fp16_master_weights_and_grads": False}
+BF16_OPTIONS = {
+    "immediate_grad_update": False,
+    "check_grad_overflow": True,
+    "bf16_master_weights_and_grads": False,
+    "bf16_optimizer_states": False,
+}
+
+# cfg.deepspeed keys passed on as written when they differ from their defaults.
+PASSED_ON = (
+    "scheduler",
+    "prescale_gradients",
+    "gradient_predivide_factor",
+    "communication_data_type",
+    "dump_state",
+    "flops_profiler",
+    "autotuning",
+    "activation_checkpointing",
+    "data_efficiency",
+    "tensorboard",
+    "wandb",
+    "csv_monitor",
+    "comms_logger",
+    "checkpoint",
+    "data_types",
+)
+PASSED_ON_DEFAULTS = {"prescale_gradients": False, "gradient_predivide_factor": 1.0}
 
 
 def _field(section: Any, name: str, default: Any) -> Any:
@@ -66,12 +99,25 @@ def deepspeed_config(cfg: Any, *, data_parallel_size: int) -> dict[str, Any]:
         "zero_optimization": _zero_block(cfg, zero_stage),
     }
     if precision == "bf16":
-        ds["bf16"] = {"enabled": True}
+        ds["bf16"] = {"enabled": True, **_changed(cfg.precision, BF16_OPTIONS)}
     elif precision == "fp16":
         block = {"enabled": True}
         for name, default in LOSS_SCALE_DEFAULTS.items():
             block[name] = _field(cfg.precision, name, default)
-        ds["fp16"] = block
+        ds["fp16"] = {**block, **_changed(cfg.precision, FP16_OPTIONS)}
     elif precision != "fp32":
         raise ValueError(f"precision {precision!r} is not one of fp32, bf16, fp16")
+    passed = getattr(cfg, "deepspeed", None)
+    if passed is not None:
+        for name in PASSED_ON:
+            value = getattr(passed, name)
+            if value not in (None, {}) and value != PASSED_ON_DEFAULTS.get(name):
+                ds[name] = value
+        ds.update(passed.deepspeed_extra_args)  # kerple's config check keeps these off the keys above
     return ds
+
+
+def _changed(section: Any, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The keys of ``defaults`` whose configured value differs from DeepSpeed's default."""
+    values = {name: getattr(section, name, default) for name, default in defaults.items()}
+    return {name: value for name, value in values.items() if value != defaults[name]}

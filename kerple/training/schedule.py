@@ -1,15 +1,18 @@
 """Learning-rate schedule of GPT-NeoX's ``AnnealingLR`` (docs/reference-format.md §5).
 
-The schedule is a function of the number of *completed optimizer steps* ``n``:
+The schedule is a function of the number of *completed optimizer steps* ``n``. With
+``end = lr_decay_iters`` and ``warmup_iters = warmup * end`` (``warmup`` is a fraction):
 
-* warm-up: ``warmup_iters = warmup * lr_decay_iters`` (``warmup`` is a fraction); for
-  ``n <= warmup_iters`` the rate is ``lr * n / warmup_iters`` (so the very first step runs at 0,
-  exactly as in the reference);
-* afterwards, with ``m = n - warmup_iters`` and ``end = lr_decay_iters``:
-  ``linear``   ``lr * (end - m) / end``;
-  ``cosine``   ``lr / 2 * (cos(pi * m / end) + 1)``  (divides by ``end``, not ``end - warmup_iters``,
-  so the curve ends slightly above zero: a reference quirk kept on purpose);
-  ``constant`` ``lr``;
+* the step is first clamped: ``c = min(n, end - warmup_iters)``, so the rate stops changing after
+  ``end - warmup_iters`` steps;
+* warm-up: for ``n <= warmup_iters`` the rate is ``lr * c / warmup_iters`` (the very first step
+  runs at 0, exactly as in the reference);
+* afterwards, with ``m = c - warmup_iters``:
+  ``linear``      ``lr * (end - m) / end``;
+  ``cosine``      ``lr / 2 * (cos(pi * m / end) + 1)``;
+  ``exponential`` ``lr * exp(-0.693 * m / end)`` (0.693 ~ ln 2);
+  ``constant``    ``lr``;
+  every style divides by ``end``, not ``end - warmup_iters``, so the curve ends above zero;
 * the result is floored at ``min_lr``.
 
 DeepSpeed calls :meth:`AnnealingLR.step` after every optimizer step that was not skipped (an fp16
@@ -23,7 +26,18 @@ from typing import Any
 
 import torch
 
-DECAY_STYLES = ("linear", "cosine", "constant")
+from kerple.config.errors import ConfigError
+
+DECAY_STYLES = ("linear", "cosine", "exponential", "constant")
+
+_CHECKED = (
+    ("start_lr", "lr"),
+    ("min_lr", "min_lr"),
+    ("warmup_iter", "warmup_iters"),
+    ("end_iter", "decay_iters"),
+    ("decay_style", "style"),
+)
+"""Schedule values a checkpoint holds (its key, this class's attribute), in the reference's order."""
 
 
 def annealing_lr(
@@ -32,14 +46,17 @@ def annealing_lr(
     """The learning rate after ``step`` completed optimizer steps (docs/reference-format.md §5)."""
     if style not in DECAY_STYLES:
         raise ValueError(f"lr_decay_style {style!r} is not one of {', '.join(DECAY_STYLES)}")
-    if warmup_iters > 0 and step <= warmup_iters:
-        return lr * step / warmup_iters
-    since_warmup = step - warmup_iters
     end = max(int(decay_iters), 1)
+    clamped = min(step, end - warmup_iters)
+    if warmup_iters > 0 and step <= warmup_iters:
+        return lr * clamped / warmup_iters
+    since_warmup = clamped - warmup_iters
     if style == "linear":
         rate = lr * (end - since_warmup) / end
     elif style == "cosine":
         rate = lr / 2.0 * (math.cos(math.pi * since_warmup / end) + 1.0)
+    elif style == "exponential":
+        rate = lr * math.exp(-0.693 * since_warmup / end)
     else:
         rate = lr
     return max(rate, min_lr)
@@ -51,6 +68,12 @@ class AnnealingLR:
     It has the ``step()`` / ``state_dict()`` / ``load_state_dict()`` / ``get_lr()`` interface that
     ``deepspeed.initialize(lr_scheduler=...)`` expects. ``last_step`` is the number of optimizer
     steps already taken (non-zero when resuming).
+
+    ``use_checkpoint_lr_scheduler`` and ``override_lr_scheduler`` decide what
+    :meth:`load_state_dict` does with the schedule values a checkpoint holds (the reference's
+    options of the same names, see there). Callers pass ``cfg.lr_schedule``'s values; the class
+    defaults (override) keep the configured values, the behaviour of callers that predate the
+    options.
     """
 
     def __init__(
@@ -63,17 +86,23 @@ class AnnealingLR:
         style: str = "cosine",
         min_lr: float = 0.0,
         last_step: int = 0,
+        use_checkpoint_lr_scheduler: bool = False,
+        override_lr_scheduler: bool = True,
     ) -> None:
         if style not in DECAY_STYLES:
             raise ValueError(f"lr_decay_style {style!r} is not one of {', '.join(DECAY_STYLES)}")
         if not 0.0 <= warmup <= 1.0:
             raise ValueError(f"warmup is a fraction of lr_decay_iters, got {warmup}")
+        if use_checkpoint_lr_scheduler and override_lr_scheduler:
+            raise ValueError("use_checkpoint_lr_scheduler and override_lr_scheduler cannot both be set")
         self.optimizer = optimizer
         self.lr = float(lr)
         self.warmup_iters = float(warmup) * int(decay_iters)
         self.decay_iters = int(decay_iters)
         self.style = style
         self.min_lr = float(min_lr)
+        self.use_checkpoint_lr_scheduler = use_checkpoint_lr_scheduler
+        self.override_lr_scheduler = override_lr_scheduler
         self.num_steps = int(last_step)
         self.step(self.num_steps)
 
@@ -109,9 +138,22 @@ class AnnealingLR:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the position in the schedule; the rates themselves come from the current config.
+        """Restore the position in the schedule and, as the options say, its values.
 
-        As in the reference (``use_checkpoint_lr_scheduler``), the step count is taken from the
-        checkpoint; ``lr``/``warmup``/``decay`` stay as configured so a fine-tune can change them.
+        The step count always comes from the checkpoint. The values (``lr``, ``min_lr``, warm-up,
+        schedule length, decay style): with ``override_lr_scheduler`` the configured ones stay;
+        with ``use_checkpoint_lr_scheduler`` the checkpoint's replace them; with neither (the
+        reference's default) they must be equal, else :class:`ConfigError`.
         """
+        if not self.override_lr_scheduler:
+            for saved_key, attribute in _CHECKED:
+                configured, saved = getattr(self, attribute), state[saved_key]
+                if not self.use_checkpoint_lr_scheduler and configured != saved:
+                    raise ConfigError(
+                        f"the checkpoint's {saved_key} is {saved!r} but the config gives {configured!r}; set "
+                        "use_checkpoint_lr_scheduler: true to continue the checkpoint's schedule, or "
+                        "override_lr_scheduler: true to use the configured one",
+                        key="use_checkpoint_lr_scheduler",
+                    )
+                setattr(self, attribute, type(configured)(saved))
         self.step(int(state["num_iters"]))

@@ -128,6 +128,8 @@ class Trainer:
             decay_iters=schedule.lr_decay_iters or max(self.train_iters, 1),
             style=schedule.lr_decay_style,
             min_lr=schedule.min_lr,
+            use_checkpoint_lr_scheduler=schedule.use_checkpoint_lr_scheduler,
+            override_lr_scheduler=schedule.override_lr_scheduler,
         )
 
     @property

@@ -54,6 +54,7 @@ def tiny_config(pos_emb: str = "kerple_log", **overrides):
         "seq_length": 48,
         "pos_emb": pos_emb,
         "attention_impl": "eager",
+        "no_weight_tying": True,  # the tiny reference checkpoints have an untied head
     }
     values.update(overrides)
     return load_config([], values)

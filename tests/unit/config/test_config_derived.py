@@ -18,7 +18,8 @@ pytestmark = pytest.mark.usefixtures("fake_attention")
         ("fp16: {enabled: true}\n", "fp16"),
         ("fp16: {enabled: true, type: bfloat16, loss_scale: 0, loss_scale_window: 1000}\n", "bf16"),
         ("bf16: {enabled: true}\n", "bf16"),
-        ("fp16: {enabled: false, type: bfloat16}\n", "fp32"),
+        ("fp16: {enabled: false, type: bfloat16}\n", "bf16"),  # the KERPLE fork: type decides, enabled or not
+        ("fp16: {enabled: false, type: null}\n", "fp32"),
         ("precision: bf16\n", "bf16"),
         ("precision: bfloat16\nfp16: {enabled: true, type: bfloat16}\n", "bf16"),
     ],

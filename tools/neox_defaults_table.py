@@ -1,0 +1,108 @@
+"""Write the table of GPT-NeoX argument defaults (tests/unit/config/neox_defaults.yml).
+
+Reads, from git checkouts of the sources, the argument dataclasses of GPT-NeoX
+(``megatron/neox_arguments/neox_args.py`` and ``deepspeed_args.py``: every annotated class
+attribute and its default) and the optimizer defaults (``OPT_DEFAULT`` and ``OPT_PARAMS_DEFAULTS``
+in ``megatron/neox_arguments/arguments.py``, which apply when a config's optimizer block leaves
+them out), and lists each source's config files (``configs/``, and the KERPLE fork's
+``kerple_configs/``). The files are parsed, never run.
+
+    python tools/neox_defaults_table.py \\
+        --source kerple_fork=/path/to/chijames/KERPLE@25be3d7#github.com/chijames/KERPLE \\
+        --source neox_2022=/path/to/EleutherAI/gpt-neox@8d53ee0f#github.com/EleutherAI/gpt-neox \\
+        --source neox_current=/path/to/EleutherAI/gpt-neox@ea7aefd8#github.com/EleutherAI/gpt-neox
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ARGUMENT_FILES = ("megatron/neox_arguments/neox_args.py", "megatron/neox_arguments/deepspeed_args.py")
+OPTIMIZER_FILE = "megatron/neox_arguments/arguments.py"
+COMPUTED = "<computed at run time>"
+
+HEADER = """\
+# GPT-NeoX argument defaults per source: key -> {source: default}. A key a source does not define
+# is left out for that source. Facts read from each source's argument dataclasses
+# (megatron/neox_arguments/neox_args.py, deepspeed_args.py) and, for the optimizer block, from
+# OPT_DEFAULT / OPT_PARAMS_DEFAULTS in megatron/neox_arguments/arguments.py. All three sources are
+# Apache-2.0. Written by tools/neox_defaults_table.py; tests/unit/config/test_neox_defaults.py
+# holds kerple's defaults to the kerple_fork column (the reference kerple reproduces).
+"""
+
+
+def git_show(repo: Path, commit: str, path: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "show", f"{commit}:{path}"], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def dataclass_defaults(source: str) -> dict[str, Any]:
+    """Annotated class attributes of every class in ``source`` -> default (literal or COMPUTED)."""
+    defaults: dict[str, Any] = {}
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for item in node.body:
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value is not None:
+                try:
+                    defaults[item.target.id] = ast.literal_eval(item.value)
+                except ValueError:
+                    defaults[item.target.id] = COMPUTED
+    return defaults
+
+
+def module_constant(source: str, name: str) -> Any:
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise KeyError(name)
+
+
+def read_source(repo: Path, commit: str) -> tuple[str, dict[str, Any], list[str]]:
+    full = subprocess.run(["git", "-C", str(repo), "rev-parse", commit], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    defaults: dict[str, Any] = {}
+    for path in ARGUMENT_FILES:
+        defaults.update(dataclass_defaults(git_show(repo, full, path)))
+    arguments = git_show(repo, full, OPTIMIZER_FILE)
+    params = module_constant(arguments, "OPT_PARAMS_DEFAULTS")
+    defaults["optimizer.type"] = module_constant(arguments, "OPT_DEFAULT")
+    for key in ("lr", "betas", "eps"):
+        defaults[f"optimizer.params.{key}"] = params[key]
+    command = ["git", "-C", str(repo), "ls-tree", "-r", "--name-only", full, "configs", "kerple_configs"]
+    listing = subprocess.run(command, check=True, capture_output=True, text=True).stdout.split()
+    configs = sorted(path for path in listing if path.endswith((".yml", ".yaml")))
+    return full, defaults, configs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", action="append", required=True, help="NAME=GIT_DIR@COMMIT[#REPOSITORY]")
+    parser.add_argument("--out", default="tests/unit/config/neox_defaults.yml")
+    args = parser.parse_args(argv)
+    sources: dict[str, Any] = {}
+    table: dict[str, dict[str, Any]] = {}
+    for spec in args.source:
+        name, _, rest = spec.partition("=")
+        location, _, repository = rest.partition("#")
+        repo, _, commit = location.rpartition("@")
+        full, defaults, configs = read_source(Path(repo), commit)
+        sources[name] = {"repository": repository or repo, "commit": full, "configs": configs}
+        for key, value in defaults.items():
+            table.setdefault(key, {})[name] = value
+    document = {"sources": sources, "defaults": dict(sorted(table.items()))}
+    text = HEADER + yaml.safe_dump(document, sort_keys=False, default_flow_style=None, width=120)
+    Path(args.out).write_text(text, encoding="utf-8")
+    print(f"wrote {args.out}: {len(table)} keys from {', '.join(sources)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
