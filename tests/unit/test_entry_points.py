@@ -32,9 +32,11 @@ def load_tool(name: str) -> ModuleType:
 
 
 def one_error_line(capsys: pytest.CaptureFixture, prog: str) -> str:
+    """The one error line on stderr; the other lines may only be the config's logged overrides."""
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), lines
-    return lines[0]
+    errors = [line for line in lines if " -> " not in line]
+    assert len(errors) == 1 and errors[0].startswith(f"{prog}: error: "), lines
+    return errors[0]
 
 
 def boom(*args: object, **kwargs: object) -> None:
