@@ -96,13 +96,25 @@ class Config:
                 "parallelism.model_parallel_size",
             )
         dp = world_size // per_replica_ranks
+        micro, accumulation, total = self._batch_triple(dp, world_size)
+        training.micro_batch_size, training.gradient_accumulation_steps, training.train_batch_size = (
+            micro,
+            accumulation,
+            total,
+        )
+        parallel.world_size, parallel.data_parallel_size = world_size, dp
+        return self
+
+    def _batch_triple(self, dp: int, world_size: int) -> tuple[int, int, int]:
+        """``(micro_batch_size, gradient_accumulation_steps, train_batch_size)`` completed from the
+        ones the config sets, for ``dp`` data-parallel replicas; :class:`ConfigError` when they
+        do not fit or do not determine the batch."""
+        training = self.training
         micro, accumulation, total = training.micro_batch_size, training.gradient_accumulation_steps, training.train_batch_size
         batch_keys = ("training.train_batch_size", "training.micro_batch_size", "training.gradient_accumulation_steps")
 
         def inconsistent(detail: str) -> ConfigError:
-            given = [
-                ident for ident, value in zip(batch_keys, (total, micro, accumulation)) if value is not None
-            ]
+            given = [ident for ident, value in zip(batch_keys, (total, micro, accumulation)) if value is not None]
             return validate.fail(
                 self,
                 f"batch sizes do not fit: train_batch_size = micro_batch_size x gradient_accumulation_steps x "
@@ -113,34 +125,26 @@ class Config:
         if micro is not None and accumulation is not None:
             if total is not None and total != micro * accumulation * dp:
                 raise inconsistent(f"{micro} x {accumulation} x {dp} = {micro * accumulation * dp}, not {total}")
-            total = micro * accumulation * dp
-        elif total is not None and (micro is not None or accumulation is not None):
+            return micro, accumulation, micro * accumulation * dp
+        if total is not None and (micro is not None or accumulation is not None):
             known = micro if micro is not None else accumulation
             if total % (known * dp):
                 raise inconsistent(f"{total} is not divisible by {known} x {dp}")
             missing = total // (known * dp)
-            micro, accumulation = (micro, missing) if micro is not None else (missing, accumulation)
-        elif total is not None:
+            return (micro, missing, total) if micro is not None else (missing, accumulation, total)
+        if total is not None:
             if total % dp:
                 raise inconsistent(f"{total} is not divisible by {dp}")
-            micro, accumulation = total // dp, 1
-        elif micro is not None:
-            accumulation, total = 1, micro * dp
-        else:
-            culprit = "training.gradient_accumulation_steps" if accumulation is not None else "training.micro_batch_size"
-            raise validate.fail(
-                self,
-                "set train_micro_batch_size_per_gpu (micro_batch_size) or train_batch_size; "
-                "gradient_accumulation_steps alone does not determine the batch",
-                culprit,
-            )
-        training.micro_batch_size, training.gradient_accumulation_steps, training.train_batch_size = (
-            micro,
-            accumulation,
-            total,
+            return total // dp, 1, total
+        if micro is not None:
+            return micro, 1, micro * dp
+        culprit = "training.gradient_accumulation_steps" if accumulation is not None else "training.micro_batch_size"
+        raise validate.fail(
+            self,
+            "set train_micro_batch_size_per_gpu (micro_batch_size) or train_batch_size; "
+            "gradient_accumulation_steps alone does not determine the batch",
+            culprit,
         )
-        parallel.world_size, parallel.data_parallel_size = world_size, dp
-        return self
 
     def check_eval_length(self, length: int) -> None:
         """Raise :class:`ConfigError` if the model cannot be evaluated on ``length`` tokens.
