@@ -11,8 +11,9 @@ current CPU, each variant timed in the same rounds (rotated order; median over r
 * ``mask grad, F.sdpa``: the mask built as before (index gather of the ``[H, L]`` table,
   ``masked_fill``) and differentiated through ``F.scaled_dot_product_attention``, which falls back to
   its unfused math path;
-* ``mask grad, sdpa_cpu``: the model's path now (``diagonal_gather`` + ``sdpa_cpu.masked_attention``),
-  once per ``--blocks`` value of ``BACKWARD_BLOCK``.
+* ``mask grad, sdpa_cpu``: the model's path now (the mask gathered from its diagonals, the gradient
+  returned to the diagonals by ``sdpa_cpu.masked_attention``), once per ``--blocks`` value of
+  ``BACKWARD_BLOCK``.
 
 Then the table gradient alone: autograd of an index gather ``table[:, d]`` (``index_put_`` with
 accumulation over L² indices) against :func:`kerple.positional.base.diagonal_sums`.
@@ -56,9 +57,8 @@ def _variants(shape: list[int], blocks: list[int]) -> dict[str, Callable[[], Non
             return F.scaled_dot_product_attention(query, key, value, is_causal=True)
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
 
-    def new_mask(values: torch.Tensor) -> torch.Tensor:
-        above = values.new_full((heads, length - 1), float("-inf"))
-        return diagonal_gather(torch.cat([above, values], dim=-1), length, length)[None]
+    def diagonals(values: torch.Tensor) -> torch.Tensor:
+        return torch.cat([values.new_full((heads, length - 1), float("-inf")), values], dim=-1)
 
     fixed = table[:, distance].masked_fill(~causal, float("-inf"))[None]
     variants = {
@@ -68,10 +68,11 @@ def _variants(shape: list[int], blocks: list[int]) -> dict[str, Callable[[], Non
         "mask grad, F.sdpa": attention(lambda t: t[:, distance].masked_fill(~causal, float("-inf"))[None], sdpa),
     }
     for block in blocks:
-        def masked(query, key, value, mask, block=block):  # type: ignore[no-untyped-def]
+        def masked(query, key, value, values, block=block):  # type: ignore[no-untyped-def]
             sdpa_cpu.BACKWARD_BLOCK = block
-            return sdpa_cpu.masked_attention(query, key, value, mask)
-        variants[f"mask grad, sdpa_cpu (block {block})"] = attention(new_mask, masked)
+            mask = diagonal_gather(values.detach(), length, length)[None]
+            return sdpa_cpu.masked_attention(query, key, value, mask, values)
+        variants[f"mask grad, sdpa_cpu (block {block})"] = attention(diagonals, masked)
     grad = torch.randn(heads, length, length, generator=generator)
     leaf = table.clone().requires_grad_()
     variants["table grad: index gather backward"] = lambda: torch.autograd.grad(leaf[:, distance], leaf, grad)

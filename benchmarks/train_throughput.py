@@ -20,7 +20,8 @@ warm-up steps (where ``torch.compile`` and the allocator settle).
 By default the embeddings run one after another. ``--interleave`` keeps every embedding's trainer
 alive and runs one step of each per round (the order rotated every round), so ratios to ``none``
 stay fair when the machine's load changes during the run (a shared CPU); memory figures then
-include all trainers. ``--threads`` sets PyTorch's intra-op threads.
+include all trainers. ``--threads`` sets PyTorch's intra-op threads. ``--profile N`` then runs N
+more steps per embedding under ``torch.profiler`` and prints the operators that take the time.
 
 Defaults: CPU — ``configs/models/tiny.yml`` + ``configs/setups/cpu.yml``, the config's attention
 implementation, no compile; CUDA — ``configs/models/162M.yml`` (32 x 512 tokens, bf16) +
@@ -280,6 +281,28 @@ def _measure_interleaved(build: Any, names: Sequence[str], run: Measurement, dev
     return [results[name] for name in names]
 
 
+def profile_steps(build: Any, names: Sequence[str], steps: int, warmup: int, device: torch.device,
+                  rows: int = 15) -> None:
+    """Print the top operators (self time) of ``steps`` profiled train steps per embedding."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    for name in names:
+        trainer = build(name)
+        try:
+            for _ in range(warmup):
+                trainer.train_step()
+            with profile(activities=activities) as profiler:
+                for _ in range(steps):
+                    trainer.train_step()
+            print(f"\n{name}: top operators over {steps} profiled steps")
+            print(profiler.key_averages().table(sort_by=sort_by, row_limit=rows, max_name_column_width=60))
+        finally:
+            trainer.close()
+            release(device)
+
+
 def measure(
     config_files: Sequence[str],
     overrides: dict[str, Any],
@@ -289,9 +312,11 @@ def measure(
     warmup: int,
     peak_size: int | None = None,
     interleave: bool = False,
+    profile: int = 0,
 ) -> Measurement:
     """Time ``Trainer.train_step`` of every embedding in ``names`` (one process, one device);
-    ``interleave``: all trainers at once, one step of each per round (:func:`_measure_interleaved`)."""
+    ``interleave``: all trainers at once, one step of each per round (:func:`_measure_interleaved`);
+    ``profile``: afterwards, that many steps per embedding under ``torch.profiler`` (:func:`profile_steps`)."""
     from kerple.config import load_config
     from kerple.parallel.groups import init_distributed, teardown
 
@@ -328,6 +353,8 @@ def measure(
                 run.results = _measure_interleaved(build, names, run, device)
             else:
                 run.results = [_measure_alone(build, name, run, device) for name in names]
+            if profile:
+                profile_steps(build, names, profile, warmup, device)
     finally:
         teardown(parallel)
     return run
@@ -386,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interleave", action="store_true",
                         help="all embeddings' trainers at once, one step of each per round (ratios robust to load)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: PyTorch's)")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="then profile STEPS steps per embedding (torch.profiler, top operators by self time)")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_args(argv)
     if args.threads:
@@ -400,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     names = ["none"] + [n for n in args.pe if n != "none"]
     files = [args.model, *args.extra]
     run = measure(files, overrides, names, steps=args.steps, warmup=args.warmup, peak_size=args.peak_size,
-                  interleave=args.interleave)
+                  interleave=args.interleave, profile=args.profile)
     print()
     print_table(run, files)
     return 1 if any(r.error for r in run.results) else 0

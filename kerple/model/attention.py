@@ -180,25 +180,34 @@ class AttentionContext:
             self._dense["scale"] = gather_by_distance(self.scale_table, self.q_len, self.k_len)
         return self._dense["scale"]
 
-    def sdpa_mask(self, dtype: torch.dtype) -> torch.Tensor | None:
-        """Additive float mask ``[1, H or 1, q_len, k_len]`` for SDPA; ``None`` when plain causal suffices.
-
-        Bias plus ``-inf`` where a key is not visible. Every entry depends on the distance alone, so
-        the mask is gathered in one pass from per-diagonal values (``[H, q_len + k_len - 1]``: the
-        bias table, ``-inf`` beyond the window and above the causal diagonal), and its gradient
-        reaches the table as sums along the diagonals (:func:`~kerple.positional.base.diagonal_gather`).
-        """
+    def sdpa_diagonals(self) -> torch.Tensor | None:
+        """The SDPA mask's value per diagonal, ``[H or 1, q_len + k_len - 1]`` float32 (index
+        ``d + q_len - 1`` for distance ``d = i - j + k_len - q_len``): the bias table, ``-inf`` beyond
+        the window and above the causal diagonal; ``None`` when plain causal attention suffices."""
         if self.bias_table is None and self.window is None and self.q_len == self.k_len:
             return None  # SDPA's own is_causal path
-        key = f"sdpa_mask_{dtype}"
-        if key not in self._dense:
+        if "diagonals" not in self._dense:
             device = self.q_positions.device
             table = self.bias_table if self.bias_table is not None else torch.zeros(1, self.k_len, device=device)
             if self.window is not None:  # [H|1, k]: distance d visible only when d < window
                 beyond = torch.arange(self.k_len, device=device) >= self.window
                 table = table.masked_fill(beyond, float("-inf"))
             above = table.new_full((table.shape[0], self.q_len - 1), float("-inf"))  # distances 1-q .. -1
-            diagonals = torch.cat([above, table], dim=-1)  # [H|1, q + k - 1]
+            self._dense["diagonals"] = torch.cat([above, table], dim=-1)  # [H|1, q + k - 1]
+        return self._dense["diagonals"]
+
+    def sdpa_mask(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """Additive float mask ``[1, H or 1, q_len, k_len]`` for SDPA; ``None`` when plain causal suffices.
+
+        Bias plus ``-inf`` where a key is not visible. Every entry depends on the distance alone, so
+        the mask is gathered in one pass from :meth:`sdpa_diagonals`, and its gradient reaches the
+        table as sums along the diagonals (:func:`~kerple.positional.base.diagonal_gather`).
+        """
+        diagonals = self.sdpa_diagonals()
+        if diagonals is None:
+            return None
+        key = f"sdpa_mask_{dtype}"
+        if key not in self._dense:
             self._dense[key] = diagonal_gather(diagonals, self.q_len, self.k_len).to(dtype)[None]
         return self._dense[key]
 
@@ -234,8 +243,10 @@ def sdpa_attention(
     dropout_p = context.dropout_p if training else 0.0
     if mask is None:
         return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True)
-    if sdpa_cpu.supported(query, dropout_p):  # fused forward and a mask gradient (see sdpa_cpu.py)
-        return sdpa_cpu.masked_attention(query, key, value, mask, context.window)
+    if sdpa_cpu.supported(query, dropout_p):  # fused forward, the gradient straight to the diagonals
+        diagonals = context.sdpa_diagonals()
+        learnable = diagonals if diagonals.requires_grad else None
+        return sdpa_cpu.masked_attention(query, key, value, mask.detach(), learnable, context.window)
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
 
 

@@ -69,12 +69,12 @@ def _reference_attention(q, k, v, table, window):  # type: ignore[no-untyped-def
     return probs @ v
 
 
-def _mask(table: torch.Tensor, q_len: int, k_len: int, window: int | None) -> torch.Tensor:
-    """The model's construction (AttentionContext.sdpa_mask): -inf diagonals, then diagonal_gather."""
+def _diagonals(table: torch.Tensor, q_len: int, k_len: int, window: int | None) -> torch.Tensor:
+    """The model's construction (AttentionContext.sdpa_diagonals): the table, -inf where invisible."""
     if window is not None:
         table = table.masked_fill(torch.arange(k_len) >= window, float("-inf"))
     above = table.new_full((table.shape[0], q_len - 1), float("-inf"))
-    return diagonal_gather(torch.cat([above, table], dim=-1), q_len, k_len)[None]
+    return torch.cat([above, table], dim=-1)
 
 
 @pytest.mark.parametrize(
@@ -103,7 +103,9 @@ def test_masked_attention_matches_autograd(
     reference = _reference_attention(q, k, v, table, window)
     expected = torch.autograd.grad(reference, inputs, upstream)
     assert sdpa_cpu.supported(q, 0.0)
-    output = sdpa_cpu.masked_attention(q, k, v, _mask(table, q_len, k_len, window), window)
+    diagonals = _diagonals(table, q_len, k_len, window)
+    mask = diagonal_gather(diagonals, q_len, k_len).detach()[None]
+    output = sdpa_cpu.masked_attention(q, k, v, mask, diagonals if learnable else None, window)
     actual = torch.autograd.grad(output, inputs, upstream)
 
     torch.testing.assert_close(output, reference, rtol=1e-10, atol=1e-10)
