@@ -19,7 +19,7 @@ SUMMARY = re.compile(r"=+ (.*\d+ (?:passed|failed|error|skipped|deselected).*) i
 
 def run(ctx: StepContext) -> None:
     ctx.require_cuda("without CUDA every gpu-marked test skips")
-    env = {**os.environ, "DS_ACCELERATOR": "cuda", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "DS_ACCELERATOR": "cuda"}  # PYTHONPATH: this checkout first (runner.main)
     command = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rfE", "-p", "no:cacheprovider", "tests"]
     try:
         done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,

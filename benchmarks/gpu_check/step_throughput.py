@@ -44,41 +44,49 @@ def _cell(ctx: StepContext, trainer: Any, peak: float, tokens: int) -> tuple[flo
 
 def _setting(ctx: StepContext, name: str, compile_: bool, build: Any, peak: float, results: dict) -> list[list[str]]:
     """All kernels of one (embedding, compile) setting, the ``auto`` choice first."""
-    from kerple.model.attention import unsupported_reason
-
     flag = "on" if compile_ else "off"
     if compile_ and not ctx.cuda:
         return [[name, flag, "all", "", "", "", "", "skipped: compile is measured on CUDA only"]]
     trainer, rows = None, []
-    tokens = ctx.scale.throughput_micro_batch * ctx.scale.throughput_seq
     try:
         trainer = build(name, compile_)
-        model = trainer.model
-        choice = model.resolve_attention_impl(ctx.device.type, True, ctx.scale.throughput_seq)
+        choice = trainer.model.resolve_attention_impl(ctx.device.type, True, ctx.scale.throughput_seq)
         for impl in [choice] + [i for i in ctx.scale.throughput_impls if i != choice]:
             label = f"{impl} (auto)" if impl == choice else impl
-            reason = unsupported_reason(impl, model.positional.kind, model.positional.learnable, ctx.device.type, True)
-            if reason or ctx.out_of_time():
-                rows.append([name, flag, label, "", "", "", "", f"n/a: {reason}" if reason else "left out: budget"])
-                continue
-            model.set_attention(impl)
-            try:
-                seconds, mfu, memory = _cell(ctx, trainer, peak, tokens)
-            except torch.OutOfMemoryError:
-                rows.append([name, flag, label, "", "", "", "", "OOM"])
-                trainer.close()
-                release(ctx.device)
-                trainer = build(name, compile_)
-                continue
-            results[(name, compile_, impl)] = (tokens / seconds, impl == choice)
-            rows.append([name, flag, label, f"{seconds * 1e3:.1f}", f"{tokens / seconds:,.0f}", f"{mfu:.1%}",
-                         f"{memory / 2**30:.2f}", ""])
+            note, trainer = _measure_kernel(ctx, trainer, impl, peak, results, (name, compile_, impl == choice), build)
+            rows.append([name, flag, label, *note])
             ctx.progress(" | ".join(rows[-1]))
+    except Exception as error:  # the trainer could not be built: say so and go on
+        rows.append([name, flag, "all", "", "", "", "", f"error: {type(error).__name__}: {str(error)[:150]}"])
     finally:
         if trainer is not None:
             trainer.close()
         release(ctx.device)
     return rows
+
+
+def _measure_kernel(ctx: StepContext, trainer: Any, impl: str, peak: float, results: dict, key: tuple,
+                    build: Any) -> tuple[list[str], Any]:
+    """The five measured cells (or a note) for ``impl``, and the trainer to go on with (a new one
+    after an error, which can leave the engine mid-step)."""
+    from kerple.model.attention import unsupported_reason
+
+    name, compile_, chosen = key
+    model = trainer.model
+    reason = unsupported_reason(impl, model.positional.kind, model.positional.learnable, ctx.device.type, True)
+    if reason or ctx.out_of_time():
+        return ["", "", "", "", f"n/a: {reason}" if reason else "left out: budget"], trainer
+    tokens = ctx.scale.throughput_micro_batch * ctx.scale.throughput_seq
+    try:
+        model.set_attention(impl)
+        seconds, mfu, memory = _cell(ctx, trainer, peak, tokens)
+    except Exception as error:  # OOM or a kernel error: recorded, the next kernel gets a fresh trainer
+        note = "OOM" if isinstance(error, torch.OutOfMemoryError) else f"error: {type(error).__name__}: {str(error)[:120]}"
+        trainer.close()
+        release(ctx.device)
+        return ["", "", "", "", note], build(name, compile_)
+    results[(name, compile_, impl)] = (tokens / seconds, chosen)
+    return [f"{seconds * 1e3:.1f}", f"{tokens / seconds:,.0f}", f"{mfu:.1%}", f"{memory / 2**30:.2f}", ""], trainer
 
 
 def _summary(ctx: StepContext, results: dict) -> None:
