@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export WANDB_MODE ?= offline
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: install test demo clean-venv docs
+.PHONY: install test demo clean-venv docs gpu-check gpu-wheels
 
 install: $(STAMP)
 
@@ -34,3 +34,21 @@ docs: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# `make gpu-check [STEPS=3,4] [BUDGET=seconds]`: the GPU check (tools/gpu_check.py) with the
+# interpreter that holds torch: .venv here, the image's python3 on a GPU machine. Distributions it
+# lacks are installed from .whl/ (`make gpu-wheels` where there is network) into GPU_SITE, offline.
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_SITE ?= /tmp/kerple-gpu-site
+STEPS ?= all
+gpu-check:
+	@missing="$$(PYTHONPATH=$(GPU_SITE) $(GPU_PYTHON) tools/gpu_wheels.py missing)" || exit 2; \
+	if [ -n "$$missing" ]; then \
+	  ls .whl/*.whl >/dev/null 2>&1 || { echo "make gpu-check: missing $$missing and .whl/ is empty: run 'make gpu-wheels' where PyPI is reachable" >&2; exit 2; }; \
+	  echo "installing .whl/ into $(GPU_SITE) (offline) for: $$missing"; \
+	  $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl || exit 2; \
+	fi; \
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) tools/gpu_check.py --steps "$(STEPS)" $(if $(BUDGET),--budget $(BUDGET))
+
+gpu-wheels: $(STAMP)
+	$(PY) tools/gpu_wheels.py download

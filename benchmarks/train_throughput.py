@@ -2,6 +2,8 @@
 
     python benchmarks/train_throughput.py                    # tiny config on CPU, 162M on CUDA
     python benchmarks/train_throughput.py --pe none kerple_log alibi --steps 10
+    python benchmarks/train_throughput.py --pe none kerple_log rpe --attention-impl sdpa --interleave --threads 1 \\
+        seq_length=512 max_position_embeddings=512 train_micro_batch_size_per_gpu=4 vocab_size=4096
     python benchmarks/train_throughput.py --model configs/models/162M.yml --extra configs/setups/local_gpu.yml \\
         --attention-impl flex --no-compile micro_batch_size=16
 
@@ -14,6 +16,12 @@ memory-mapped dataset, forward and loss, backward, the DeepSpeed engine's optimi
 clipping, bf16/fp16 handling and loss scaling, the fused AdamW on CUDA, ZeRO if configured) and the
 LR-scheduler step. It excludes logging, validation, checkpointing, engine construction and the
 warm-up steps (where ``torch.compile`` and the allocator settle).
+
+By default the embeddings run one after another. ``--interleave`` keeps every embedding's trainer
+alive and runs one step of each per round (the order rotated every round), so ratios to ``none``
+stay fair when the machine's load changes during the run (a shared CPU); memory figures then
+include all trainers. ``--threads`` sets PyTorch's intra-op threads. ``--profile N`` then runs N
+more steps per embedding under ``torch.profiler`` and prints the operators that take the time.
 
 Defaults: CPU — ``configs/models/tiny.yml`` + ``configs/setups/cpu.yml``, the config's attention
 implementation, no compile; CUDA — ``configs/models/162M.yml`` (32 x 512 tokens, bf16) +
@@ -92,6 +100,7 @@ class Measurement:
     compile: bool
     steps: int
     warmup: int
+    interleaved: bool = False
     results: list[Result] = field(default_factory=list)
 
     def ratio_to_none(self, result: Result) -> float | None:
@@ -166,19 +175,132 @@ def _compute_dtype(cfg: Any, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def _time_one(trainer: Any, device: torch.device, steps: int, warmup: int) -> list[float]:
-    for _ in range(warmup):
-        trainer.train_step()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    for _ in range(steps):
-        synchronize(device)
-        started = time.perf_counter()
-        trainer.train_step()
-        synchronize(device)
-        times.append(time.perf_counter() - started)
-    return times
+def build_trainer(config_files: Sequence[str], overrides: dict[str, Any], name: str, corpus: str, total: int,
+                  parallel: Any) -> Any:
+    """A real Trainer for embedding ``name`` on the synthetic corpus (no saving, logging or validation)."""
+    from kerple.config import load_config
+    from kerple.training.trainer import Trainer
+
+    cfg = load_config(
+        list(config_files),
+        {**overrides, "pos_emb": name, "data_path": corpus, "split": "100,0,0",
+         "train_iters": total, "lr_decay_iters": total, "save": None, "load": None,
+         "log_dir": None, "tensorboard_dir": None, "use_wandb": False, "eval_iters": 0},
+    ).resolve_batch(1)
+    with contextlib.redirect_stdout(io.StringIO()):
+        return Trainer(cfg, parallel)
+
+
+def timed_step(trainer: Any, device: torch.device) -> float:
+    """Seconds of one ``trainer.train_step()`` between device synchronizations."""
+    synchronize(device)
+    started = time.perf_counter()
+    trainer.train_step()
+    synchronize(device)
+    return time.perf_counter() - started
+
+
+def _error_text(error: Exception) -> str:
+    first = (str(error).splitlines() or [""])[0][:120]
+    return f"{type(error).__name__}: {first}"
+
+
+def _record(result: Result, times: list[float], trainer: Any, run: Measurement, device: torch.device) -> None:
+    """Fill ``result`` from the timed steps of ``trainer``."""
+    model = trainer.model
+    if hasattr(model, "resolve_attention_impl"):
+        result.impl = model.resolve_attention_impl(device.type, True, run.seq_length)
+    result.step_seconds = statistics.median(times)
+    result.tokens_per_second = run.tokens_per_step / result.step_seconds
+    result.peak_bytes = max(result.peak_bytes, peak_bytes(device))
+    result.mfu = result.tokens_per_second * flops_per_token(model, run.layers, run.hidden, run.seq_length) / run.peak_flops
+
+
+def _report(result: Result) -> None:
+    status = result.error or f"{result.tokens_per_second:,.0f} tok/s"
+    print(f"  measured {result.pos_emb}: {status}", file=sys.stderr, flush=True)
+
+
+def _measure_alone(build: Any, name: str, run: Measurement, device: torch.device) -> Result:
+    """One embedding at a time: build, warm up, time ``run.steps`` steps, release."""
+    result, trainer = Result(name), None
+    try:
+        trainer = build(name)
+        for _ in range(run.warmup):
+            trainer.train_step()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        times = [timed_step(trainer, device) for _ in range(run.steps)]
+        _record(result, times, trainer, run, device)
+    except Exception as error:  # one failing embedding must not hide the others' numbers
+        result.error = _error_text(error)
+    finally:
+        if trainer is not None:
+            trainer.close()
+        del trainer
+        release(device)
+    _report(result)
+    return result
+
+
+def _measure_interleaved(build: Any, names: Sequence[str], run: Measurement, device: torch.device) -> list[Result]:
+    """Every embedding's trainer alive at once; each round runs one step of each, in an order
+    rotated every round, so a change of machine load during the run reaches all embeddings alike.
+    Memory figures then include every trainer's resident state."""
+    results = {name: Result(name) for name in names}
+    trainers: dict[str, Any] = {}
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for name in names:
+        try:
+            trainers[name] = build(name)
+        except Exception as error:
+            results[name].error = _error_text(error)
+    for round_index in range(run.warmup + run.steps):
+        shift = round_index % len(names)
+        for name in [*names[shift:], *names[:shift]]:
+            if name not in trainers:
+                continue
+            try:
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                seconds = timed_step(trainers[name], device)
+                results[name].peak_bytes = max(results[name].peak_bytes, peak_bytes(device))
+            except Exception as error:
+                results[name].error = _error_text(error)
+                trainers.pop(name).close()
+                continue
+            if round_index >= run.warmup:
+                times[name].append(seconds)
+    for name, trainer in trainers.items():
+        _record(results[name], times[name], trainer, run, device)
+        trainer.close()
+    trainers.clear()
+    release(device)
+    for result in results.values():
+        _report(result)
+    return [results[name] for name in names]
+
+
+def profile_steps(build: Any, names: Sequence[str], steps: int, warmup: int, device: torch.device,
+                  rows: int = 15) -> None:
+    """Print the top operators (self time) of ``steps`` profiled train steps per embedding."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    for name in names:
+        trainer = build(name)
+        try:
+            for _ in range(warmup):
+                trainer.train_step()
+            with profile(activities=activities) as profiler:
+                for _ in range(steps):
+                    trainer.train_step()
+            print(f"\n{name}: top operators over {steps} profiled steps")
+            print(profiler.key_averages().table(sort_by=sort_by, row_limit=rows, max_name_column_width=60))
+        finally:
+            trainer.close()
+            release(device)
 
 
 def measure(
@@ -189,11 +311,14 @@ def measure(
     steps: int,
     warmup: int,
     peak_size: int | None = None,
+    interleave: bool = False,
+    profile: int = 0,
 ) -> Measurement:
-    """Time ``Trainer.train_step`` of every embedding in ``names`` (one process, one device)."""
+    """Time ``Trainer.train_step`` of every embedding in ``names`` (one process, one device);
+    ``interleave``: all trainers at once, one step of each per round (:func:`_measure_interleaved`);
+    ``profile``: afterwards, that many steps per embedding under ``torch.profiler`` (:func:`profile_steps`)."""
     from kerple.config import load_config
     from kerple.parallel.groups import init_distributed, teardown
-    from kerple.training.trainer import Trainer
 
     parallel = init_distributed(1, 1)
     device = parallel.device
@@ -215,42 +340,21 @@ def measure(
             compile=bool(getattr(base.training, "compile", False)),
             steps=steps,
             warmup=warmup,
+            interleaved=interleave,
         )
         with tempfile.TemporaryDirectory() as tmp:
             need = total * int(base.training.train_batch_size) * (int(base.model.seq_length) + 1) * 2
             write_random_corpus(Path(tmp) / "corpus", int(base.model.vocab_size), need)
-            for name in names:
-                result = Result(name)
-                trainer = model = None
-                try:
-                    cfg = load_config(
-                        list(config_files),
-                        {**overrides, "pos_emb": name, "data_path": f"{tmp}/corpus", "split": "100,0,0",
-                         "train_iters": total, "lr_decay_iters": total, "save": None, "load": None,
-                         "log_dir": None, "tensorboard_dir": None, "use_wandb": False, "eval_iters": 0},
-                    ).resolve_batch(1)
-                    with contextlib.redirect_stdout(io.StringIO()):
-                        trainer = Trainer(cfg, parallel)
-                    model = trainer.model
-                    if hasattr(model, "resolve_attention_impl"):
-                        result.impl = model.resolve_attention_impl(device.type, True, run.seq_length)
-                    times = _time_one(trainer, device, steps, warmup)
-                    result.step_seconds = statistics.median(times)
-                    result.tokens_per_second = tokens_per_step / result.step_seconds
-                    result.peak_bytes = peak_bytes(device)
-                    per_token = flops_per_token(model, run.layers, run.hidden, run.seq_length)
-                    result.mfu = result.tokens_per_second * per_token / run.peak_flops
-                except Exception as error:  # one failing embedding must not hide the others' numbers
-                    first = (str(error).splitlines() or [""])[0][:120]
-                    result.error = f"{type(error).__name__}: {first}"
-                finally:
-                    if trainer is not None:
-                        trainer.close()
-                    del trainer, model
-                    release(device)
-                run.results.append(result)
-                status = result.error or f"{result.tokens_per_second:,.0f} tok/s"
-                print(f"  measured {name}: {status}", file=sys.stderr, flush=True)
+
+            def build(name: str) -> Any:
+                return build_trainer(config_files, overrides, name, f"{tmp}/corpus", total, parallel)
+
+            if interleave:
+                run.results = _measure_interleaved(build, names, run, device)
+            else:
+                run.results = [_measure_alone(build, name, run, device) for name in names]
+            if profile:
+                profile_steps(build, names, profile, warmup, device)
     finally:
         teardown(parallel)
     return run
@@ -261,7 +365,8 @@ def describe(run: Measurement, config_files: Sequence[str]) -> str:
     return (
         f"device: {run.device}; torch {torch.__version__}; {' + '.join(Path(f).name for f in config_files)}; "
         f"{run.tokens_per_step} tokens/step at seq_length {run.seq_length}; compute dtype {run.dtype}; "
-        f"compile={run.compile}; median of {run.steps} Trainer.train_step calls after {run.warmup} warm-up\n"
+        f"compile={run.compile}; median of {run.steps} Trainer.train_step calls after {run.warmup} warm-up"
+        f"{' (interleaved rounds)' if run.interleaved else ''}; {torch.get_num_threads()} threads\n"
         f"measured peak: {run.peak_flops / 1e12:.3f} TFLOP/s ({run.peak_size}x{run.peak_size} {run.dtype} matmul); "
         f"MFU with FLOPs/token = 6*N + 12*L*h*s"
     )
@@ -305,8 +410,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attention-impl", help="default: auto on CUDA, the config's on CPU")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, help="default: on for CUDA, the config's on CPU")
     parser.add_argument("--peak-size", type=int, help="matmul size for the measured peak (default 8192 CUDA, 1024 CPU)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="all embeddings' trainers at once, one step of each per round (ratios robust to load)")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: PyTorch's)")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="then profile STEPS steps per embedding (torch.profiler, top operators by self time)")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     overrides = parse_overrides(args.overrides)
     impl = args.attention_impl or ("auto" if gpu else None)
     if impl:
@@ -316,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["compile"] = compile_
     names = ["none"] + [n for n in args.pe if n != "none"]
     files = [args.model, *args.extra]
-    run = measure(files, overrides, names, steps=args.steps, warmup=args.warmup, peak_size=args.peak_size)
+    run = measure(files, overrides, names, steps=args.steps, warmup=args.warmup, peak_size=args.peak_size,
+                  interleave=args.interleave, profile=args.profile)
     print()
     print_table(run, files)
     return 1 if any(r.error for r in run.results) else 0

@@ -16,8 +16,10 @@ The three kernels compute the same function (tests check agreement to 1e-5 in fp
 * ``eager`` restates the reference math with scores and softmax in fp32; the dense
   ``[H, q, k]`` bias/scale are gathered from the distance tables.
 * ``sdpa`` calls ``torch.nn.functional.scaled_dot_product_attention`` with a materialized additive
-  float mask (bias + causal/window mask, in the query's dtype). A multiplicative logit scale
-  (KERPLE weight kernels, paper §5.3) cannot be expressed there, so that combination is refused.
+  float mask (bias + causal/window mask, in the query's dtype); on CPU in fp32/fp64 without dropout
+  it calls the fused CPU flash kernel directly, with a backward that also differentiates the mask
+  (``sdpa_cpu.py``). A multiplicative logit scale (KERPLE weight kernels, paper §5.3) cannot be
+  expressed there, so that combination is refused.
 * ``flex`` calls FlexAttention with a ``score_mod`` that indexes the ``[H, k_len]`` tables by distance
   (no ``L×L`` tensor) and a cached ``BlockMask`` for causal/window masking (see ``flex.py``).
 
@@ -34,7 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kerple.positional.base import PositionKind, causal_distances
+from kerple.model import sdpa_cpu
+from kerple.positional.base import PositionKind, diagonal_gather, gather_by_distance
 
 if TYPE_CHECKING:
     from kerple.model.cache import KVCache
@@ -146,12 +149,6 @@ class AttentionContext:
     flex: FlexAttentionKernel | None = None
     _dense: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
-    def distances(self) -> torch.Tensor:
-        """Causal distance ``[q_len, k_len]`` (int64, clamped at 0 above the diagonal)."""
-        if "distance" not in self._dense:
-            self._dense["distance"] = causal_distances(self.q_len, self.k_len, device=self.q_positions.device)
-        return self._dense["distance"]
-
     def allowed(self) -> torch.Tensor:
         """Bool ``[q_len, k_len]``: key ``j`` is visible to query ``i`` (causal and within the window)."""
         if "allowed" not in self._dense:
@@ -169,7 +166,7 @@ class AttentionContext:
         if self.bias_table is None:
             return None
         if "bias" not in self._dense:
-            self._dense["bias"] = self.bias_table[:, self.distances()]
+            self._dense["bias"] = gather_by_distance(self.bias_table, self.q_len, self.k_len)
         return self._dense["bias"]
 
     def dense_scale(self) -> torch.Tensor | None:
@@ -177,20 +174,38 @@ class AttentionContext:
         if self.scale_table is None:
             return None
         if "scale" not in self._dense:
-            self._dense["scale"] = self.scale_table[:, self.distances()]
+            self._dense["scale"] = gather_by_distance(self.scale_table, self.q_len, self.k_len)
         return self._dense["scale"]
 
-    def sdpa_mask(self, dtype: torch.dtype) -> torch.Tensor | None:
-        """Additive float mask ``[1, H or 1, q_len, k_len]`` for SDPA; ``None`` when plain causal suffices."""
-        bias = self.dense_bias()
-        if bias is None and self.window is None and self.q_len == self.k_len:
+    def sdpa_diagonals(self) -> torch.Tensor | None:
+        """The SDPA mask's value per diagonal, ``[H or 1, q_len + k_len - 1]`` float32 (index
+        ``d + q_len - 1`` for distance ``d = i - j + k_len - q_len``): the bias table, ``-inf`` beyond
+        the window and above the causal diagonal; ``None`` when plain causal attention suffices."""
+        if self.bias_table is None and self.window is None and self.q_len == self.k_len:
             return None  # SDPA's own is_causal path
+        if "diagonals" not in self._dense:
+            device = self.q_positions.device
+            table = self.bias_table if self.bias_table is not None else torch.zeros(1, self.k_len, device=device)
+            if self.window is not None:  # [H|1, k]: distance d visible only when d < window
+                beyond = torch.arange(self.k_len, device=device) >= self.window
+                table = table.masked_fill(beyond, float("-inf"))
+            above = table.new_full((table.shape[0], self.q_len - 1), float("-inf"))  # distances 1-q .. -1
+            self._dense["diagonals"] = torch.cat([above, table], dim=-1)  # [H|1, q + k - 1]
+        return self._dense["diagonals"]
+
+    def sdpa_mask(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """Additive float mask ``[1, H or 1, q_len, k_len]`` for SDPA; ``None`` when plain causal suffices.
+
+        Bias plus ``-inf`` where a key is not visible. Every entry depends on the distance alone, so
+        the mask is gathered in one pass from :meth:`sdpa_diagonals`, and its gradient reaches the
+        table as sums along the diagonals (:func:`~kerple.positional.base.diagonal_gather`).
+        """
+        diagonals = self.sdpa_diagonals()
+        if diagonals is None:
+            return None
         key = f"sdpa_mask_{dtype}"
         if key not in self._dense:
-            allowed = self.allowed()
-            base = bias if bias is not None else torch.zeros(1, *allowed.shape, device=allowed.device)
-            mask = base.masked_fill(~allowed, float("-inf"))  # [H|1, q, k]
-            self._dense[key] = mask.to(dtype)[None]
+            self._dense[key] = diagonal_gather(diagonals, self.q_len, self.k_len).to(dtype)[None]
         return self._dense[key]
 
 
@@ -225,6 +240,10 @@ def sdpa_attention(
     dropout_p = context.dropout_p if training else 0.0
     if mask is None:
         return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True)
+    if sdpa_cpu.supported(query, dropout_p):  # fused forward, the gradient straight to the diagonals
+        diagonals = context.sdpa_diagonals()
+        learnable = diagonals if diagonals.requires_grad else None
+        return sdpa_cpu.masked_attention(query, key, value, mask.detach(), learnable, context.window)
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
 
 

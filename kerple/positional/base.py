@@ -49,10 +49,64 @@ def causal_distances(q_len: int, k_len: int, device: torch.device | None = None)
     return (query_pos - key_pos).clamp_(min=0)
 
 
+def diagonal_sums(grad: torch.Tensor) -> torch.Tensor:
+    """Sums of ``grad [..., q, k]`` along its diagonals: ``out[..., c] = sum of grad[..., i, j]`` over
+    ``i - j + k - 1 = c``, shape ``[..., q + k - 1]`` (``c = k - 1`` is the main diagonal).
+
+    No scatter: the rows are copied into a zeroed ``[q, q + k]`` buffer through a strided view whose
+    row stride is one less than the buffer's, so row ``i`` lands shifted left by ``i`` and every
+    diagonal of ``grad`` becomes a column of the buffer (at ``j - i + q - 1``); a column sum then
+    reads all diagonals at once. One write and one read of ``q * (q + k)`` elements, against
+    ``index_put_``'s accumulation over ``q * k`` indices.
+    """
+    *batch, q_len, k_len = grad.shape
+    rows = grad.reshape(-1, q_len, k_len)  # [N, q, k]
+    width = q_len + k_len
+    buffer = grad.new_zeros(rows.shape[0], q_len, width)  # [N, q, q + k]
+    shifted = buffer.as_strided(rows.shape, (q_len * width, width - 1, 1), buffer.storage_offset() + q_len - 1)
+    shifted.copy_(rows)
+    columns = buffer.sum(-2)[:, : q_len + k_len - 1]  # [N, q + k - 1], column j - i + q - 1
+    return columns.flip(-1).reshape(*batch, q_len + k_len - 1)
+
+
+class _DiagonalGather(torch.autograd.Function):
+    """``out[..., i, j] = values[..., i - j + k_len - 1]``: a Toeplitz matrix from its diagonals."""
+
+    @staticmethod
+    def forward(ctx, values: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:  # type: ignore[override]
+        # window m of the reversed values holds reversed[m + j] = values[q + k - 2 - m - j]; row i is window q - 1 - i
+        windows = values.flip(-1).unfold(-1, k_len, 1)  # [..., q, k], row m = window m
+        return windows.flip(-2).contiguous()  # [..., q, k]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        return diagonal_sums(grad), None, None
+
+
+def diagonal_gather(values: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
+    """The ``[..., q_len, k_len]`` matrix whose entry ``(i, j)`` is ``values[..., i - j + k_len - 1]``.
+
+    ``values [..., q_len + k_len - 1]`` holds one value per diagonal, from the top-right corner
+    (``i - j = 1 - k_len``) to the bottom-left one (``i - j = q_len - 1``). The backward pass sums the
+    gradient along each diagonal (:func:`diagonal_sums`) instead of scattering it back through
+    ``q_len * k_len`` indices, as autograd of an index gather would.
+    """
+    if values.shape[-1] != q_len + k_len - 1:
+        raise ValueError(f"need q_len + k_len - 1 = {q_len + k_len - 1} diagonal values, got {values.shape[-1]}")
+    return _DiagonalGather.apply(values, q_len, k_len)
+
+
 def gather_by_distance(table: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
-    """Expand a per-head distance table ``[H, k_len]`` into ``[H, q_len, k_len]``."""
-    dist = causal_distances(q_len, k_len, device=table.device)  # [q, k]
-    return table[:, dist]  # [H, q, k]
+    """Expand a per-head distance table ``[H, k_len]`` into ``[H, q_len, k_len]``.
+
+    Entry ``(i, j)`` is ``table[:, max(d, 0)]`` with ``d = i - j + k_len - q_len`` (as
+    :func:`causal_distances`): a Toeplitz matrix, so it is built by :func:`diagonal_gather` with the
+    ``q_len - 1`` diagonals above the causal one (negative ``d``) reading distance 0.
+    """
+    if q_len > k_len:
+        raise ValueError(f"q_len ({q_len}) must not exceed k_len ({k_len})")
+    above = table[..., :1].expand(*table.shape[:-1], q_len - 1)  # [H, q - 1], distances 1 - q .. -1
+    return diagonal_gather(torch.cat([above, table], dim=-1), q_len, k_len)  # [H, q, k]
 
 
 def global_head_indices(num_heads: int, head_offset: int = 0, total_heads: int | None = None) -> range:

@@ -1,0 +1,174 @@
+"""Runs the GPU check's steps in order and keeps the report current after each one.
+
+Each step runs in its own Python process by default: a step that crashes, hangs or exhausts the GPU
+cannot take the next ones with it, and every step starts with an empty GPU and compile cache. The
+step process writes its result (atomically, after every case) to ``<work>/step<N>.json``; when it
+overruns its budget by ``KILL_GRACE_S`` the runner kills its process group and reports the cases it
+had finished, as failed. A whole-check budget (``--total-budget``) shortens or skips the last steps
+so the check ends in time. ``--in-process`` runs the steps in this process instead (the CPU test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from benchmarks.gpu_check import STEP_MODULES
+from benchmarks.gpu_check import report as reports
+from benchmarks.gpu_check.context import KILL_GRACE_S, REPO, SCALES, Skip, StepContext
+from benchmarks.gpu_check.report import StepResult
+
+TOTAL_BUDGET_S = {"full": 1080.0, "tiny": 600.0}  # 18 minutes of steps: with start-up, under 20
+
+
+def step_module(number: int):  # type: ignore[no-untyped-def]
+    return importlib.import_module(f"benchmarks.gpu_check.{STEP_MODULES[number]}")
+
+
+def run_step_here(number: int, device: str, scale: str, work: Path, budget: float,
+                  save=lambda result: None) -> StepResult:  # type: ignore[no-untyped-def]
+    """Run step ``number`` in this process; any exception becomes a failed result."""
+    import torch
+
+    module = step_module(number)
+    result = StepResult(number, module.NAME, budget_seconds=budget)
+    started = time.monotonic()
+    ctx = StepContext(torch.device(device), SCALES[scale], work, result, started + budget, save)
+    try:
+        module.run(ctx)
+    except Skip as reason:
+        result.status, result.reason = "skipped", str(reason)
+    except Exception as error:  # the report says what broke; the next step still runs
+        result.status, result.reason = "failed", f"{type(error).__name__}: {str(error)[:300]}"
+        result.notes.append("traceback: " + " / ".join(traceback.format_exc().splitlines()[-8:]))
+    result.seconds = time.monotonic() - started
+    save(result)
+    return result
+
+
+def _save_to(path: Path):  # type: ignore[no-untyped-def]
+    def save(result: StepResult) -> None:
+        from kerple.atomic import write_json_atomic
+
+        write_json_atomic(path, result.to_dict())
+
+    return save
+
+
+def run_step_isolated(number: int, args: argparse.Namespace, budget: float) -> StepResult:
+    """Run step ``number`` in a child process (its own session); kill it past budget + grace."""
+    result_file = args.work / f"step{number}.json"
+    result_file.unlink(missing_ok=True)
+    command = [sys.executable, str(REPO / "tools" / "gpu_check.py"), "--worker-step", str(number),
+               "--device", args.device, "--scale", args.scale, "--work", str(args.work), "--budget", str(budget)]
+    started = time.monotonic()
+    child = subprocess.Popen(command, cwd=REPO, start_new_session=True)
+    killed = False
+    try:
+        child.wait(timeout=budget + KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)  # the child's own session: it and what it started
+        child.wait()
+        killed = True
+    try:
+        result = StepResult.from_dict(json.loads(result_file.read_text()))
+    except (OSError, ValueError):
+        result = StepResult(number, step_module(number).NAME, budget_seconds=budget)
+        result.reason = f"the step process exited with {child.returncode} before reporting"
+    result.seconds = time.monotonic() - started
+    if killed:
+        result.status = "failed"
+        result.reason = (f"killed after {result.seconds:.0f} s (budget {budget:.0f} s + {KILL_GRACE_S:.0f} s); "
+                         f"finished cases are listed. {result.reason}").strip()
+    return result
+
+
+def parse_steps(text: str) -> list[int]:
+    """``"3,4"`` -> [3, 4]; empty or ``all`` -> every step. Raises ``ValueError`` naming a bad entry."""
+    if text.strip().lower() in ("", "all"):
+        return sorted(STEP_MODULES)
+    steps = []
+    for part in text.split(","):
+        if not part.strip().isdigit() or int(part) not in STEP_MODULES:
+            raise ValueError(f"unknown step {part.strip()!r} in STEPS={text!r}; steps are 1-{max(STEP_MODULES)}")
+        steps.append(int(part))
+    return sorted(set(steps))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="gpu_check.py", description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--steps", default="all", help="comma-separated step numbers (default: all)")
+    parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    parser.add_argument("--scale", default="auto", choices=("auto", "full", "tiny"),
+                        help="full on CUDA, tiny (the harness's own test) on CPU")
+    parser.add_argument("--output", type=Path, default=REPO / "gpu-report", help="report folder")
+    parser.add_argument("--work", type=Path, help="scratch folder (default: <output>/work)")
+    parser.add_argument("--budget", type=float, help="seconds per selected step (default: each step's own)")
+    parser.add_argument("--total-budget", type=float, help="seconds for the whole check (default: 18 min at full scale)")
+    parser.add_argument("--in-process", action="store_true", help="run the steps in this process")
+    parser.add_argument("--worker-step", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.device == "auto":
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.scale == "auto":
+        args.scale = "full" if args.device == "cuda" else "tiny"
+    args.work = args.work or args.output / "work"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # DeepSpeed picks its accelerator from this variable (the Makefile defaults it to cpu); child
+    # processes (steps, pytest, evaluation workers) import this checkout's kerple
+    os.environ["DS_ACCELERATOR"] = "cuda" if args.device == "cuda" else "cpu"
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("gpu_check.py: error: --device cuda but torch sees no CUDA device", file=sys.stderr)
+            return 2
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.worker_step is not None:
+        save = _save_to(args.work / f"step{args.worker_step}.json")
+        run_step_here(args.worker_step, args.device, args.scale, args.work, args.budget, save)
+        return 0
+    try:
+        steps = parse_steps(args.steps)
+    except ValueError as error:
+        print(f"gpu_check.py: error: {error}", file=sys.stderr)
+        return 2
+    return run_all(args, steps)
+
+
+def run_all(args: argparse.Namespace, steps: list[int]) -> int:
+    """Every step of ``steps`` in order; the report is rewritten after each. Exit 1 if any failed."""
+    env = reports.environment(args.device)
+    report = reports.load(args.output / "report.json")
+    deadline = time.monotonic() + (args.total_budget or TOTAL_BUDGET_S[args.scale])
+    print(f"gpu check: steps {steps} on {env['device']} ({args.scale} scale); report in {args.output}", flush=True)
+    for number in steps:
+        budget = min(args.budget or SCALES[args.scale].budgets[number], deadline - time.monotonic())
+        if budget <= 0:
+            result = StepResult(number, step_module(number).NAME, status="skipped",
+                                reason="the whole check's time budget was used up by earlier steps")
+        elif args.in_process:
+            result = run_step_here(number, args.device, args.scale, args.work, budget)
+        else:
+            result = run_step_isolated(number, args, budget)
+        report = reports.merge(report, result, env)
+        reports.write(args.output, report)
+        print(f"step {number} ({result.name}): {result.status} in {result.seconds:.1f} s - {result.reason}", flush=True)
+    statuses = {n: report["steps"][str(n)]["status"] for n in steps}
+    print(f"gpu check done: {statuses}; wrote {args.output / 'report.md'}", flush=True)
+    return 1 if "failed" in statuses.values() else 0

@@ -1,0 +1,154 @@
+"""Step 4: training throughput of the 162M config per embedding x attention kernel x ``compile``.
+
+A real ``Trainer`` (DeepSpeed engine, bf16, fused AdamW) per embedding and ``compile`` setting, on
+a synthetic corpus; the kernel is switched with ``set_attention`` between measurements, so each
+(embedding, compile) builds and compiles once per kernel. Per cell: ``--warmup`` untimed steps, then
+the median of timed ``Trainer.train_step`` calls (``benchmarks/train_throughput.py``). Cells run in
+priority order so that the budget is spent on what matters most: without compile, the kernel
+``auto`` picks, then the other kernels; then the same with compile. Cells the budget does not reach
+are listed as left out.
+
+MFU = tokens/s x FLOPs per token / the peak measured at the start of this step (bf16 matmul), with
+FLOPs per token = 6·N + 12·L·h·s (PaLM, Appendix B): N = parameters in matmuls (the word-embedding
+table excluded, the LM head included), L layers, h hidden size, s sequence length; the attention
+term counts the full s x s products although causal kernels skip about half.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from benchmarks.gpu_check.context import REPO, StepContext, allow_recompiles, model_config
+from benchmarks.train_throughput import (
+    build_trainer, flops_per_token, measure_peak_flops, peak_bytes, release, timed_step, write_random_corpus,
+)
+
+NAME = "training throughput per embedding, kernel and compile"
+COLUMNS = ["pos_emb", "compile", "attention", "step (ms)", "tokens/s", "MFU", "peak memory (GiB)", "note"]
+
+
+def _cell(ctx: StepContext, trainer: Any, peak: float, tokens: int) -> tuple[float, float, float]:
+    """(seconds per step, MFU, peak bytes) of the trainer's current kernel."""
+    for _ in range(ctx.scale.throughput_warmup):
+        trainer.train_step()
+    if ctx.cuda:
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    times = sorted(timed_step(trainer, ctx.device) for _ in range(ctx.scale.throughput_steps))
+    seconds = times[len(times) // 2]
+    model, cfg = trainer.model, trainer.cfg
+    per_token = flops_per_token(model, int(cfg.model.num_layers), int(cfg.model.hidden_size), ctx.scale.throughput_seq)
+    return seconds, tokens / seconds * per_token / peak, peak_bytes(ctx.device)
+
+
+def _setting(ctx: StepContext, name: str, compile_: bool, build: Any, peak: float, results: dict) -> list[list[str]]:
+    """All kernels of one (embedding, compile) setting, the ``auto`` choice first."""
+    flag = "on" if compile_ else "off"
+    if compile_ and not ctx.cuda:
+        return [[name, flag, "all", "", "", "", "", "skipped: compile is measured on CUDA only"]]
+    trainer, rows = None, []
+    try:
+        trainer = build(name, compile_)
+        choice = trainer.model.resolve_attention_impl(ctx.device.type, True, ctx.scale.throughput_seq)
+        for impl in [choice] + [i for i in ctx.scale.throughput_impls if i != choice]:
+            label = f"{impl} (auto)" if impl == choice else impl
+            note, trainer = _measure_kernel(ctx, trainer, impl, peak, results, (name, compile_, impl == choice), build)
+            rows.append([name, flag, label, *note])
+            ctx.progress(" | ".join(rows[-1]))
+    except Exception as error:  # the trainer could not be built: say so and go on
+        rows.append([name, flag, "all", "", "", "", "", f"error: {type(error).__name__}: {str(error)[:150]}"])
+    finally:
+        if trainer is not None:
+            trainer.close()
+        release(ctx.device)
+    return rows
+
+
+def _measure_kernel(ctx: StepContext, trainer: Any, impl: str, peak: float, results: dict, key: tuple,
+                    build: Any) -> tuple[list[str], Any]:
+    """The five measured cells (or a note) for ``impl``, and the trainer to go on with (a new one
+    after an error, which can leave the engine mid-step)."""
+    from kerple.model.attention import unsupported_reason
+
+    name, compile_, chosen = key
+    model = trainer.model
+    reason = unsupported_reason(impl, model.positional.kind, ctx.device.type, True)
+    if reason or ctx.out_of_time():
+        return ["", "", "", "", f"n/a: {reason}" if reason else "left out: budget"], trainer
+    tokens = ctx.scale.throughput_micro_batch * ctx.scale.throughput_seq
+    try:
+        model.set_attention(impl)
+        seconds, mfu, memory = _cell(ctx, trainer, peak, tokens)
+    except Exception as error:  # OOM or a kernel error: recorded, the next kernel gets a fresh trainer
+        note = "OOM" if isinstance(error, torch.OutOfMemoryError) else f"error: {type(error).__name__}: {str(error)[:120]}"
+        trainer.close()
+        release(ctx.device)
+        return ["", "", "", "", note], build(name, compile_)
+    results[(name, compile_, impl)] = (tokens / seconds, chosen)
+    return [f"{seconds * 1e3:.1f}", f"{tokens / seconds:,.0f}", f"{mfu:.1%}", f"{memory / 2**30:.2f}", ""], trainer
+
+
+def _summary(ctx: StepContext, results: dict) -> None:
+    """Best setting per embedding and its ratio to ``none``'s best; the same for ``auto``."""
+    table = ctx.result.table("Best per embedding (ratio: tokens/s / none's, each at its best)",
+                             ["pos_emb", "best", "tokens/s", "vs none", "auto", "auto tokens/s", "auto vs none"])
+    best, auto = {}, {}
+    for (name, compile_, impl), (speed, chosen) in results.items():
+        if speed > best.get(name, ("", 0.0))[1]:
+            best[name] = (f"{impl}, compile {'on' if compile_ else 'off'}", speed)
+        if chosen and speed > auto.get(name, ("", 0.0))[1]:
+            auto[name] = (f"{impl}, compile {'on' if compile_ else 'off'}", speed)
+    for name in ctx.scale.embeddings:
+        if name not in best:
+            table.rows.append([name, "not measured", "", "", "", "", ""])
+            continue
+        ratio = f"{best[name][1] / best['none'][1]:.3f}" if "none" in best else ""
+        chosen, speed = auto.get(name, ("", 0.0))
+        auto_ratio = f"{speed / auto['none'][1]:.3f}" if speed and "none" in auto else ""
+        table.rows.append([name, best[name][0], f"{best[name][1]:,.0f}", ratio, chosen,
+                           f"{speed:,.0f}" if speed else "", auto_ratio])
+    ctx.result.metrics = {"best_tokens_per_s": {name: value[1] for name, value in best.items()}}
+
+
+def run(ctx: StepContext) -> None:
+    from kerple.parallel.groups import init_distributed, teardown
+
+    allow_recompiles()
+    scale = ctx.scale
+    dtype = torch.bfloat16 if ctx.cuda else torch.float32
+    peak = measure_peak_flops(ctx.device, dtype, scale.peak_size)
+    steps_per_setting = (scale.throughput_warmup + scale.throughput_steps) * (len(scale.throughput_impls) + 1)
+    corpus = ctx.work / "throughput" / "corpus"
+    corpus.parent.mkdir(parents=True, exist_ok=True)
+    overrides = {**scale.model_overrides, "seq_length": scale.throughput_seq,
+                 "max_position_embeddings": scale.throughput_seq, "attention_impl": "auto",
+                 "train_micro_batch_size_per_gpu": scale.throughput_micro_batch, "gradient_accumulation_steps": 1}
+    vocab = int(model_config(scale, "none", **overrides).model.vocab_size)
+    write_random_corpus(corpus, vocab, steps_per_setting * scale.throughput_micro_batch * (scale.throughput_seq + 1))
+    parallel = init_distributed(1, 1)
+
+    def build(name: str, compile_: bool) -> Any:
+        return build_trainer([str(REPO / scale.model)], {**overrides, "compile": compile_}, name, str(corpus),
+                             steps_per_setting, parallel)
+
+    table = ctx.result.table("Every measured cell", COLUMNS)
+    results: dict = {}
+    try:
+        for compile_ in scale.throughput_compile:
+            for name in scale.embeddings:
+                table.rows += _setting(ctx, name, compile_, build, peak, results)
+                ctx.progress(f"{name} compile={compile_} done")
+    finally:
+        teardown(parallel)
+    _summary(ctx, results)
+    ctx.result.notes += [
+        f"peak for MFU: {peak / 1e12:.2f} TFLOP/s ({str(dtype).removeprefix('torch.')} "
+        f"{scale.peak_size}x{scale.peak_size} matmul, measured in this step)",
+        "FLOPs per token = 6·N + 12·L·h·s (PaLM App. B; N = matmul parameters; full s x s attention counted)",
+        f"median of {scale.throughput_steps} Trainer.train_step calls after {scale.throughput_warmup} warm-up; "
+        f"{scale.throughput_micro_batch} x {scale.throughput_seq} tokens per step",
+    ]
+    left_out = sum(1 for row in table.rows if row[-1].startswith(("left out", "OOM")))
+    ctx.result.status = "passed" if results else "failed"
+    ctx.result.reason = f"{len(results)} cells measured" + (f", {left_out} left out or OOM" if left_out else "")

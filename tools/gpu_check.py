@@ -1,0 +1,21 @@
+"""`make gpu-check`: prove the trainer on a CUDA GPU in one command and write gpu-report/.
+
+    python tools/gpu_check.py                    # every step; CUDA at full scale, else CPU at tiny scale
+    python tools/gpu_check.py --steps 3,4        # some steps, merged into the existing report
+    python tools/gpu_check.py --device cpu --output /tmp/report   # the harness's own CPU run
+
+The steps, their sizes and time budgets, and the report: benchmarks/gpu_check/.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.gpu_check.runner import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())
