@@ -147,6 +147,19 @@ def _known_value(ref: FieldRef, value: Any, written: str, source: str) -> Any:
     return ref.metadata["value_aliases"].get(value, value)
 
 
+def _checked_value(ref: FieldRef, value: Any, written: str, source: str) -> Any:
+    """``value`` resolved, type-checked against the field and within its bounds, or an error naming ``source``."""
+    value = _known_value(ref, value, written, source)
+    try:
+        checked = check_value(value, ref.hint)
+    except TypeMismatch as error:
+        raise ConfigError(f"wrong type: {error}", file=source, key=written) from None
+    problem = check_bounds(checked, ref.metadata)
+    if problem:
+        raise ConfigError(f"invalid value: {problem}", file=source, key=written)
+    return checked
+
+
 def flatten(mapping: dict, source: str) -> dict[str, Entry]:
     """Route one source's mapping to entries keyed by field identity (``section.name``).
 
@@ -185,15 +198,7 @@ def flatten(mapping: dict, source: str) -> dict[str, Entry]:
                     put(_block_key(free, path[len(free) + 1 :], written, source), value, written)
             elif path in KEY_INDEX:
                 ref = KEY_INDEX[path]
-                value = _known_value(ref, value, written, source)
-                try:
-                    checked = check_value(value, ref.hint)
-                except TypeMismatch as error:
-                    raise ConfigError(f"wrong type: {error}", file=source, key=written) from None
-                problem = check_bounds(checked, ref.metadata)
-                if problem:
-                    raise ConfigError(f"invalid value: {problem}", file=source, key=written)
-                put(ref.ident, checked, written)
+                put(ref.ident, _checked_value(ref, value, written, source), written)
             elif path in BLOCK_PATHS:
                 if not isinstance(value, dict):
                     inner = sorted(key.rpartition(".")[2] for key in _candidates_under(path))

@@ -26,6 +26,7 @@ Both are parameter-free: tables are computed in float64, stored float32 and cach
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -118,26 +119,9 @@ class SmoothedSandwich(Sandwich):
     as non-persistent float64 attributes (exposed as :attr:`alpha`, :attr:`beta`).
     """
 
-    def __init__(
-        self,
-        *,
-        num_heads: int,
-        head_dim: int,
-        hidden_size: int,
-        max_positions: int,
-        options: SandwichOptions = SandwichOptions(),
-        head_offset: int = 0,
-        total_heads: int | None = None,
-    ) -> None:
-        super().__init__(
-            num_heads=num_heads,
-            head_dim=head_dim,
-            hidden_size=hidden_size,
-            max_positions=max_positions,
-            options=options,
-            head_offset=head_offset,
-            total_heads=total_heads,
-        )
+    def __init__(self, **shape_and_options: Any) -> None:
+        """The same keyword arguments as :class:`Sandwich`; the fit runs after its construction."""
+        super().__init__(**shape_and_options)
         fit_distance = torch.arange(SMOOTHING_POINTS, dtype=torch.float64)
         self.alpha, self.beta = fit_log_curve(fit_distance, super()._table64(fit_distance))
 
