@@ -125,3 +125,25 @@ def prune_checkpoints(directory: str | os.PathLike[str], keep_last_n: int) -> li
         shutil.rmtree(root / tag_for(step), ignore_errors=True)
         removed.append(step)
     return removed
+
+
+RESOLVED_CONFIG = "resolved.yml"
+"""The whole resolved config a kerple checkpoint stores beside the run's own files under ``configs/``."""
+
+
+def checkpoint_config_files(directory: str | os.PathLike[str], iteration: int | None = None) -> list[str]:
+    """The config files stored in a checkpoint's ``configs/`` folder, for commands run with
+    ``--load DIR`` and no YAML: kerple's ``resolved.yml`` alone when present (it is the whole
+    config), otherwise every ``*.yml``/``*.yaml`` sorted by name (GPT-NeoX writes the run's files there)."""
+    tag_dir = checkpoint_to_read(directory, iteration)
+    folder = tag_dir / "configs"
+    resolved = folder / RESOLVED_CONFIG
+    if resolved.is_file():
+        return [str(resolved)]
+    files = sorted(list(folder.glob("*.yml")) + list(folder.glob("*.yaml"))) if folder.is_dir() else []
+    if not files:
+        raise CheckpointError(
+            f"{tag_dir} has no configs/ folder with YAML files: name the run's YAML configs on the command line"
+        )
+    return [str(path) for path in files]
+
