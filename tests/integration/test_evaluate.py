@@ -166,7 +166,7 @@ def test_plan_and_estimate_are_printed_first(
 ) -> None:
     evaluate(trained, tmp_path / "p.json", "--eval-lengths", LENGTHS)
     err = capsys.readouterr().err
-    assert "plan: nonoverlap on the valid split" in err and "min in all" in err
+    assert "plan: nonoverlap on the valid split" in err and " in all (timed on one batch)" in err
     assert err.index("plan:") < err.index("L=32: loss")
     assert "at iteration 20" in err
 
