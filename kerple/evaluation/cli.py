@@ -164,9 +164,9 @@ def format_plan(
 ) -> str:
     """The lengths to score, their windows, batch and attention kernel, and the estimated time."""
     total = sum(p.num_windows * c for p, c in zip(plans, costs)) * rate
+    duration = f"{total / 60:.1f} min" if total >= 60 else f"{total:.0f} s"
     lines = [f"plan: {args.protocol} on the {args.split} split ({stream_len} tokens), "
-             f"about {total / 60:.1f} min in all (timed on one batch)" if total >= 60 else
-             f"about {total:.0f} s in all (timed on one batch)",
+             f"about {duration} in all (timed on one batch)",
              f"{'length':>8} {'windows':>8} {'scored':>10} {'batch':>6} {'kernel':>6} {'est.':>8}"]
     for plan, batch, impl, cost in zip(plans, batches, impls, costs):
         lines.append(f"{plan.length:>8} {plan.num_windows:>8} {plan.scored_tokens:>10} {batch:>6} {impl:>6} "
