@@ -55,6 +55,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--train-length", type=int, default=64)
     parser.add_argument("--steps", type=int, default=400, help="training steps per model")
     parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=3e-3,
+                        help="peak learning rate (tiny.yml's 1e-3 leaves these 400-step models far less trained)")
     parser.add_argument("--vocab", type=int, default=4096, help="size of the BPE trained on the corpus")
     parser.add_argument("--num-tokens", type=int, default=16384, help="scored tokens per length")
     parser.add_argument("--jobs", type=int, default=2, help="trainings run side by side (1 thread each)")
@@ -123,6 +125,7 @@ def config_args(pos_emb: str, args: argparse.Namespace, data: DemoData) -> list[
         f"vocab_file={data.tokenizer_file}", f"vocab_size={data.vocab_size}",
         f"seq_length={args.train_length}", f"max_position_embeddings={args.train_length}",
         f"train_iters={args.steps}", f"lr_decay_iters={args.steps}", f"micro_batch_size={args.micro_batch}",
+        f"lr={args.lr}",
         f"eval_interval={args.steps}", "eval_iters=4", f"save_interval={args.steps}", "log_interval=50",
         f"save={save}", f"load={save}", f"log_dir={save}/logs", "tensorboard_dir=",
     ]
@@ -245,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = max(1, (os.cpu_count() or 2) // max(1, args.jobs))
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     print(f"kerple demo: {len(names)} embeddings, train length {args.train_length}, {args.steps} steps of "
-          f"{args.micro_batch}x{args.train_length} tokens, evaluation at {', '.join(f'{f}x' for f in FACTORS)}; "
+          f"{args.micro_batch}x{args.train_length} tokens at lr {args.lr:g}, evaluation at {', '.join(f'{f}x' for f in FACTORS)}; "
           f"{args.jobs} jobs x {threads} thread(s)", flush=True)
     explain_tokenizer(args, len(names))
     data = prepare_data(args)

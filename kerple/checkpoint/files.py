@@ -24,6 +24,7 @@ from pathlib import Path
 from kerple.checkpoint.errors import CheckpointError
 
 LATEST_FILE = "latest"
+PRUNING_PREFIX = ".pruning-"
 TMP_PREFIX = ".tmp-"
 TAG = re.compile(r"^global_step(\d+)$")
 LAYER_FILE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
@@ -114,7 +115,12 @@ def checkpoint_to_read(directory: str | os.PathLike[str], iteration: int | None 
 
 
 def prune_checkpoints(directory: str | os.PathLike[str], keep_last_n: int) -> list[int]:
-    """Delete all but the newest ``keep_last_n`` checkpoints (never the one ``latest`` names)."""
+    """Delete all but the newest ``keep_last_n`` checkpoints (never the one ``latest`` names).
+
+    Each folder is first renamed to ``.pruning-<tag>`` (one atomic step), then deleted, so a kill
+    mid-delete never leaves a half-deleted ``global_step<N>`` that still counts as a checkpoint;
+    leftovers of such a kill are deleted by the next prune.
+    """
     root = Path(directory)
     steps = list_checkpoints(root)
     protected = find_checkpoint(root)
@@ -122,6 +128,30 @@ def prune_checkpoints(directory: str | os.PathLike[str], keep_last_n: int) -> li
     for step in steps[: max(len(steps) - int(keep_last_n), 0)]:
         if protected is not None and protected.name == tag_for(step):
             continue
-        shutil.rmtree(root / tag_for(step), ignore_errors=True)
+        os.replace(root / tag_for(step), root / f"{PRUNING_PREFIX}{tag_for(step)}")
         removed.append(step)
+    for leftover in root.glob(f"{PRUNING_PREFIX}*"):
+        shutil.rmtree(leftover, ignore_errors=True)
     return removed
+
+
+RESOLVED_CONFIG = "resolved.yml"
+"""The whole resolved config a kerple checkpoint stores beside the run's own files under ``configs/``."""
+
+
+def checkpoint_config_files(directory: str | os.PathLike[str], iteration: int | None = None) -> list[str]:
+    """The config files stored in a checkpoint's ``configs/`` folder, for commands run with
+    ``--load DIR`` and no YAML: kerple's ``resolved.yml`` alone when present (it is the whole
+    config), otherwise every ``*.yml``/``*.yaml`` sorted by name (GPT-NeoX writes the run's files there)."""
+    tag_dir = checkpoint_to_read(directory, iteration)
+    folder = tag_dir / "configs"
+    resolved = folder / RESOLVED_CONFIG
+    if resolved.is_file():
+        return [str(resolved)]
+    files = sorted(list(folder.glob("*.yml")) + list(folder.glob("*.yaml"))) if folder.is_dir() else []
+    if not files:
+        raise CheckpointError(
+            f"{tag_dir} has no configs/ folder with YAML files: name the run's YAML configs on the command line"
+        )
+    return [str(path) for path in files]
+

@@ -9,6 +9,7 @@ shard, and loads it through the checkpoint's :class:`~kerple.checkpoint.neox_lay
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,22 @@ def load_into_model(model: nn.Module, state: dict[str, torch.Tensor], source: st
     model.load_state_dict(state, strict=True)
 
 
+def warn_unnamed_embedding(path: Path, state: dict[str, torch.Tensor], assumed: str) -> None:
+    """Warn that a checkpoint naming no ``pos_emb`` (no ``args`` entry, no ``configs/``) whose tensors
+    do not tell the embedding is loaded as the config's ``assumed`` one, and how to confirm it."""
+    kerple_keys = any(name.endswith(("rpe.bias_p", "rpe.bias_a")) for name in state)
+    why = (
+        "kerple_log and kerple_power store the same tensors (bias_p, bias_a)" if kerple_keys
+        else "its tensors hold no positional parameters (none, sinusoidal and sandwich store nothing)"
+    )
+    logging.getLogger(__name__).warning(
+        "warning: %s names no positional embedding (no pos_emb in its args, no configs/ folder) and %s: "
+        "loaded as the config's pos_emb %s. Confirm it from the run's own YAML (pos-emb), or evaluate under "
+        "each candidate pos_emb: the right one gives a far lower perplexity",
+        path, why, assumed,
+    )
+
+
 def load_model_weights(
     model: nn.Module,
     load_dir: str | Path,
@@ -93,6 +110,8 @@ def load_model_weights(
     ckpt = read_checkpoint(load_dir, iteration, trust=trust, num_heads=model.num_heads)
     if cfg is not None:
         check_architecture(checkpoint_architecture(ckpt), cfg, ckpt.path, model_parallel_size=ckpt.model_parallel_size)
+        if ckpt.pos_emb is None:
+            warn_unnamed_embedding(ckpt.path, ckpt.state_dict, str(cfg.positional.pos_emb))
     state = ckpt.state_dict
     if model_parallel_size > 1:
         heads = int(ckpt.args.get("num_attention_heads") or model.num_heads)

@@ -93,6 +93,13 @@ def read_yaml(path: str | os.PathLike) -> dict:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(f"cannot read the file: {error.strerror or error}", file=source) from None
+    except UnicodeDecodeError as error:
+        line = Path(path).read_bytes()[: error.start].count(b"\n") + 1
+        raise ConfigError(
+            f"not UTF-8 text: byte 0x{error.object[error.start]:02x} on line {line} cannot be decoded; "
+            "save the file as UTF-8",
+            file=source,
+        ) from None
     data = parse_yaml(text, source)
     if data is None:
         return {}

@@ -187,7 +187,8 @@ class AttentionConfig:
         effect=False,
     )
     sparsity_config: dict = setting(
-        {}, "GPT-NeoX sparse-attention settings; used only by sparse attention types, which kerple refuses.", effect=False
+        {}, "GPT-NeoX sparse-attention settings (DeepSpeed sparse attention); kerple refuses any but {}.",
+        refuse="sparse attention (sparsity_config)",
     )
 
 

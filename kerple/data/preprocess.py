@@ -40,6 +40,8 @@ from kerple.data.tokenizers import Tokenizer, build_tokenizer, train_bpe_tokeniz
 
 BATCH_DOCS = 64
 BATCH_CHARS = 2_000_000
+MAX_INVALID_SHARE = 0.01
+"""Default of ``--max-invalid-bytes``: refuse input where more than 1% of the bytes are not UTF-8."""
 
 
 @dataclass
@@ -110,6 +112,7 @@ def _batches(parts: dict[str, Any], stats: ReadStats) -> Iterator[tuple[str, lis
         batch: list[str] = []
         characters = 0
         for text in stream(stats):
+            stats.text_bytes += len(text.encode("utf-8", "surrogatepass"))
             batch.append(text)
             characters += len(text)
             if len(batch) >= BATCH_DOCS or characters >= BATCH_CHARS:
@@ -142,9 +145,11 @@ def _encoded(batches: Iterable[tuple[str, list[str]]], tokenizer: Tokenizer, wor
 
 
 def tokenize_corpus(corpus: Corpus, tokenizer: Tokenizer, prefix: str | Path, workers: int = 1,
-                    append_eod: bool = True, progress: bool = True, split: str = "949,50,1") -> PrepareResult:
+                    append_eod: bool = True, progress: bool = True, split: str = "949,50,1",
+                    max_invalid_share: float = MAX_INVALID_SHARE) -> PrepareResult:
     """Tokenize every part of ``corpus`` into ``<prefix>.{bin,idx}`` and, when there are several
-    parts, also ``<prefix without _text_document>_<part>_text_document``. All or nothing."""
+    parts, also ``<prefix without _text_document>_<part>_text_document``. All or nothing: nothing
+    is written when more than ``max_invalid_share`` of the input bytes are not UTF-8."""
     from tqdm import tqdm
 
     prefix = str(prefix)
@@ -183,6 +188,7 @@ def tokenize_corpus(corpus: Corpus, tokenizer: Tokenizer, prefix: str | Path, wo
         if combined.num_documents == 0:
             raise DataError(f"{prefix}: empty corpus: no document with any text "
                             f"({stats.documents} read, {result.skipped_empty} empty)")
+        check_invalid_share(stats, prefix, max_invalid_share)
         for name, writer in writers.items():
             if writer.num_documents:
                 writer.finalize()
@@ -198,6 +204,18 @@ def tokenize_corpus(corpus: Corpus, tokenizer: Tokenizer, prefix: str | Path, wo
     info = asdict(result) | {"split": result.split_string, "tokens": result.tokens}
     write_atomic(info_path(prefix), json.dumps(info, indent=2).encode())
     return result
+
+
+def check_invalid_share(stats: ReadStats, prefix: str, limit: float) -> None:
+    """Refuse (``DataError``) an input whose share of bytes that are not UTF-8 exceeds ``limit``."""
+    share = stats.invalid_share
+    if share > limit:
+        files = ", ".join(stats.files_with_replacements[:3])
+        raise DataError(
+            f"{prefix}: {share:.1%} of the input bytes ({stats.replaced_bytes:,}) are not UTF-8 text"
+            f"{f' (in {files} ...)' if files else ''}, above --max-invalid-bytes {limit:g}: nothing was written. "
+            "Is the input text? Convert it to UTF-8, or raise --max-invalid-bytes to keep it with U+FFFD"
+        )
 
 
 def info_path(prefix: str | Path) -> Path:
@@ -288,6 +306,8 @@ def parser() -> argparse.ArgumentParser:
     cli.add_argument("--output-prefix", help="with --input: writes <prefix>_<key>_document.{bin,idx}")
     cli.add_argument("--jsonl-keys", default="text", help="JSON field holding the text (default: text)")
     cli.add_argument("--quiet", action="store_true", help="no progress bar")
+    cli.add_argument("--max-invalid-bytes", type=float, default=MAX_INVALID_SHARE, metavar="SHARE",
+                     help=f"refuse input whose share of bytes that are not UTF-8 exceeds this (default {MAX_INVALID_SHARE})")
     return cli
 
 
@@ -297,6 +317,8 @@ def run(argv: list[str] | None = None) -> PrepareResult | dict[str, Any]:
     data_dir = Path(args.data_dir)
     if args.workers < 1:
         raise DataError(f"--workers {args.workers}: must be at least 1")
+    if not 0 <= args.max_invalid_bytes <= 1:
+        raise DataError(f"--max-invalid-bytes {args.max_invalid_bytes}: a share between 0 and 1 (0.01 = 1%)")
     if args.input:
         if args.dataset or not args.output_prefix:
             raise DataError("--input needs --output-prefix and no dataset name")
@@ -333,7 +355,8 @@ def run(argv: list[str] | None = None) -> PrepareResult | dict[str, Any]:
             return previous
     if corpus is None:
         corpus = source.build(context)
-    result = tokenize_corpus(corpus, tokenizer, prefix, args.workers, args.append_eod, not args.quiet, args.split)
+    result = tokenize_corpus(corpus, tokenizer, prefix, args.workers, args.append_eod, not args.quiet, args.split,
+                             args.max_invalid_bytes)
     info = json.loads(info_path(prefix).read_text())
     print(summary(info))
     print("\nConfig lines:\n" + config_lines(info))

@@ -30,6 +30,13 @@ class ReadStats:
     documents: int = 0
     replaced_bytes: int = 0
     files_with_replacements: list[str] = field(default_factory=list)
+    text_bytes: int = 0  # UTF-8 size of the documents read (a replaced byte counts 3, as U+FFFD)
+
+    @property
+    def invalid_share(self) -> float:
+        """The share of the input bytes that were not UTF-8 (each became one U+FFFD of 3 bytes)."""
+        read = self.text_bytes - 2 * self.replaced_bytes
+        return self.replaced_bytes / read if read > 0 else 0.0
 
 
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")

@@ -13,15 +13,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
+import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from kerple.atomic import write_json_atomic as _write_json_atomic
+from kerple.checkpoint.files import checkpoint_config_files
 from kerple.config import load_config, parse_overrides, split_arguments
 from kerple.config.neox_keys import normalize_key
 from kerple.errors import entry_point
@@ -37,25 +43,33 @@ from kerple.evaluation.runner import (
     evaluate_plan,
     fit_batch_size,
     format_table,
-    load_split_stream,
+    load_split_documents,
     model_loss_fn,
 )
 
 RESULTS_FORMAT = "kerple-eval-1"
+DEFAULT_NUM_TOKENS = 32768
+"""Scored tokens per length unless ``--num-tokens`` says otherwise: the Quick start's five lengths
+then take minutes on 2 CPU cores, where its whole validation split takes about 25."""
+DOCUMENTS_SHOWN = 10
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="evaluate.py", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("configs", nargs="+", help="YAML config files merged in order, then key=value overrides")
+    parser.add_argument("configs", nargs="*",
+                        help="YAML config files merged in order, then key=value overrides "
+                             "(none: the checkpoint's configs/ folder, with --load)")
     parser.add_argument("--load", help="checkpoint directory (default: the config's load, else save)")
     parser.add_argument("--iteration", type=int, help="checkpoint iteration (default: the 'latest' tag)")
     parser.add_argument("--eval-lengths", required=True, help="comma-separated lengths, e.g. 512,1024,2048")
     parser.add_argument("--protocol", choices=protocols.PROTOCOLS, default="nonoverlap")
     parser.add_argument("--split", choices=("valid", "test", "train"), default="valid")
     budget = parser.add_mutually_exclusive_group()
-    budget.add_argument("--num-tokens", type=int, help="score this many tokens at every length (nonoverlap/sliding)")
+    budget.add_argument("--num-tokens",
+                        help=f"score this many tokens at every length (nonoverlap/sliding; default {DEFAULT_NUM_TOKENS}, "
+                             "raised to the longest length); 'all' scores the whole split")
     budget.add_argument("--num-windows", type=int, help="a fixed number of windows at every length")
     parser.add_argument("--stride", type=int, help="stride S of the sliding protocol")
     parser.add_argument("--attention-window", type=int, help="restrict attention to the last W keys (thesis §4.3.3)")
@@ -66,11 +80,106 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trust-checkpoint", action="store_true",
                         help="allow arbitrary pickled objects in the checkpoint (only for files you trust)")
     parser.add_argument("--per-position", action="store_true", help="also record the mean loss at each position")
+    parser.add_argument("--per-document", action="store_true",
+                        help="also record the perplexity of every held-out document (printed largest first)")
     parser.add_argument("--tokens-per-batch", type=int, default=16384, help="windows per forward = this // length")
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     parser.add_argument("--output", required=True, help="results JSON, written atomically")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse impossible numbers before any work (``EvaluationError`` naming the flag)."""
+    for flag, value, least in (
+        ("--num-windows", args.num_windows, 1), ("--stride", args.stride, 1), ("--cache-window", args.cache_window, 1),
+        ("--tokens-per-batch", args.tokens_per_batch, 1), ("--attention-window", args.attention_window, 1),
+        ("--iteration", args.iteration, 0),
+    ):
+        if value is not None and value < least:
+            raise EvaluationError(f"{flag} {value}: expected an integer of at least {least}")
+    if args.num_tokens is not None and args.num_tokens != "all":
+        try:
+            count = int(args.num_tokens)
+        except ValueError:
+            raise EvaluationError(f"--num-tokens {args.num_tokens!r}: expected a positive integer or 'all'") from None
+        if count < 1:
+            raise EvaluationError(f"--num-tokens {count}: expected a positive integer or 'all'")
+    if not args.configs and not args.load:
+        raise EvaluationError("no config: name the run's YAML files, or pass --load DIR of a checkpoint with configs/")
+
+
+def check_output_writable(output: str) -> None:
+    """Create ``output``'s folder and a scratch file in it, so that an unwritable path fails before
+    the evaluation rather than after it."""
+    target = Path(output)
+    if target.is_dir():
+        raise EvaluationError(f"--output {output} is a directory; name a JSON file")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle, scratch = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".check")
+        os.close(handle)
+        os.unlink(scratch)
+    except OSError as error:
+        raise EvaluationError(f"--output {output}: cannot write there ({error.strerror}); choose a writable path") from None
+
+
+def scored_token_budget(args: argparse.Namespace, lengths: list[int], stream_len: int) -> int | None:
+    """Tokens scored per length: ``--num-tokens`` (``all``: ``None``, the whole split); the default
+    budget grows to one window of the longest length and shrinks to the split."""
+    if args.protocol == "last_token" or args.num_windows is not None or args.num_tokens == "all":
+        return None
+    if args.num_tokens is None:
+        return min(max(DEFAULT_NUM_TOKENS, max(lengths)), stream_len - 1)
+    return int(args.num_tokens)
+
+
+def window_cost(model: torch.nn.Module, cfg: Any, length: int) -> float:
+    """Forward FLOPs of one window of ``length`` tokens: 2 per parameter per token plus the attention
+    scores, 2 x layers x length x hidden per token (Kaplan et al., 2020, Table 1)."""
+    parameters = sum(p.numel() for p in model.parameters())
+    return float(length) * (2.0 * parameters + 2.0 * cfg.model.num_layers * length * cfg.model.hidden_size)
+
+
+def seconds_per_cost(
+    loss_fn: Any, stream: np.ndarray, plan: protocols.WindowPlan, batch: int, cost: float, device: torch.device
+) -> float:
+    """Seconds per FLOP of :func:`window_cost`, timed on the first batch of ``plan`` (best of two)."""
+    count = min(batch, plan.num_windows)
+    index = np.arange(count)
+    tokens = torch.as_tensor(stream, dtype=torch.long)
+    rows = tokens[torch.from_numpy(plan.starts[index])[:, None] + torch.arange(plan.input_length + 1)[None, :]]
+    best = math.inf
+    with torch.no_grad():
+        for _ in range(2):
+            begin = time.perf_counter()
+            loss_fn(rows[:, :-1].to(device), rows[:, 1:].to(device), int(plan.score_from[index].min()))
+            best = min(best, time.perf_counter() - begin)
+    return best / (count * cost)
+
+
+def format_plan(
+    args: argparse.Namespace, plans: list[protocols.WindowPlan], batches: list[int], impls: list[str],
+    costs: list[float], rate: float, stream_len: int,
+) -> str:
+    """The lengths to score, their windows, batch and attention kernel, and the estimated time."""
+    total = sum(p.num_windows * c for p, c in zip(plans, costs)) * rate
+    duration = f"{total / 60:.1f} min" if total >= 60 else f"{total:.0f} s"
+    lines = [f"plan: {args.protocol} on the {args.split} split ({stream_len} tokens), "
+             f"about {duration} in all (timed on one batch)",
+             f"{'length':>8} {'windows':>8} {'scored':>10} {'batch':>6} {'kernel':>6} {'est.':>8}"]
+    for plan, batch, impl, cost in zip(plans, batches, impls, costs):
+        lines.append(f"{plan.length:>8} {plan.num_windows:>8} {plan.scored_tokens:>10} {batch:>6} {impl:>6} "
+                     f"{plan.num_windows * cost * rate:>7.0f}s")
+    return "\n".join(lines)
+
+
+def format_documents(result: LengthResult, shown: int = DOCUMENTS_SHOWN) -> str:
+    """The largest documents' perplexity at one length (all of them are in the results file)."""
+    rows = result.per_document or []
+    lines = [f"  L={result.length}: {len(rows)} documents; the {min(shown, len(rows))} with most scored tokens:"]
+    lines += [f"    document {r['document']:>6}  {r['tokens']:>9} tokens  ppl {r['ppl']:.3f}" for r in rows[:shown]]
+    return "\n".join(lines)
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -119,6 +228,9 @@ def evaluation_config(args: argparse.Namespace) -> tuple[Any, list[str], dict[st
     """The config of ``args.configs`` for evaluation only, with the command line's attention
     settings; returns (config, YAML files, overrides applied)."""
     yamls, override_words = split_arguments(args.configs)
+    if not yamls:
+        yamls = checkpoint_config_files(args.load, args.iteration)
+        print(f"config: {', '.join(yamls)} (from the checkpoint)", file=sys.stderr)
     overrides = parse_overrides(override_words)
     # Evaluation only, as the reference's train-iters 0 (docs/reference-format.md §5): validation then allows
     # kernels without a CPU backward (flex) and nothing is trained.
@@ -204,45 +316,55 @@ def results_document(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Load config and checkpoint, evaluate every length, write and return the results document."""
+    """Load config and checkpoint, evaluate every length, write the results document after every
+    length (``complete`` false until the last) and return it."""
     started = time.perf_counter()
+    check_arguments(args)
+    check_output_writable(args.output)
     cfg, yamls, overrides = evaluation_config(args)
-    if args.cache_window is not None and args.cache_window < 1:
-        raise EvaluationError(f"--cache-window {args.cache_window}: keep at least one key (W >= 1)")
     lengths = parse_lengths(args.eval_lengths)
     cfg.check_eval_length(max(lengths))
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, load_dir, iteration = load_trained_model(cfg, args.load, args.iteration, trust=args.trust_checkpoint)
     model.to(device).eval()
-    stream = load_split_stream(cfg, args.split)
+    print(f"loaded {load_dir} at iteration {iteration}", file=sys.stderr)
+    documents = load_split_documents(cfg, args.split)
+    stream = np.concatenate(documents)
+    document_of = np.repeat(np.arange(len(documents)), [len(d) for d in documents]) if args.per_document else None
+    args.num_tokens = scored_token_budget(args, lengths, len(stream))  # as recorded in the results
     plans = protocols.build_plans(
         args.protocol, len(stream), lengths, stride=args.stride, num_tokens=args.num_tokens, num_windows=args.num_windows
     )
     batch_sizes, impls = fit_batches(model, cfg, plans, device, args.tokens_per_batch)
 
     loss_fn = model_loss_fn(model) if args.cache_window is None else cache_window_loss_fn(model, args.cache_window)
-    results: list[LengthResult] = []
+    costs = [window_cost(model, cfg, plan.input_length) for plan in plans]
     with _autocast(cfg, device):
-        for plan, batch in zip(plans, batch_sizes):
+        rate = seconds_per_cost(loss_fn, stream, plans[0], batch_sizes[0], costs[0], device)
+        print(format_plan(args, plans, batch_sizes, impls, costs, rate, len(stream)), file=sys.stderr)
+        results: list[LengthResult] = []
+        overall = tqdm(total=sum(p.num_windows * c for p, c in zip(plans, costs)) * rate, desc="evaluation",
+                       unit="s", disable=args.no_progress, bar_format="{l_bar}{bar}| {elapsed}<{remaining}")
+        for plan, batch, cost in zip(plans, batch_sizes, costs):
             result = evaluate_plan(
                 loss_fn, stream, plan, batch_size=batch, per_position=args.per_position, device=device,
-                progress=not args.no_progress,
+                progress=not args.no_progress, document_of=document_of,
+                on_windows=lambda k, c=cost: overall.update(k * c * rate),
             )
             results.append(result)
-            print(f"L={plan.length}: loss {result.loss:.4f}  ppl {result.ppl:.3f}", file=sys.stderr)
-
-    doc = results_document(
-        args,
-        cfg,
-        run={"iteration": iteration, "load": str(load_dir), "configs": yamls, "overrides": dict(overrides)},
-        impl_per_length=dict(zip((p.length for p in plans), impls)),
-        stream_tokens=int(len(stream)),
-        device=device,
-        results=results,
-        seconds=time.perf_counter() - started,
-    )
-    write_json_atomic(doc, args.output)
+            overall.write(f"L={plan.length}: loss {result.loss:.4f}  ppl {result.ppl:.3f}", file=sys.stderr)
+            if result.per_document is not None:
+                overall.write(format_documents(result), file=sys.stderr)
+            doc = results_document(
+                args, cfg,
+                run={"iteration": iteration, "load": str(load_dir), "configs": yamls, "overrides": dict(overrides)},
+                impl_per_length=dict(zip((p.length for p in plans), impls)), stream_tokens=int(len(stream)),
+                device=device, results=results, seconds=time.perf_counter() - started,
+            )
+            doc["complete"] = len(results) == len(plans)
+            write_json_atomic(doc, args.output)
+        overall.close()
     print(format_table(results))
     print(f"wrote {args.output}")
     return doc

@@ -45,11 +45,13 @@ class LengthResult:
     batch_size: int
     seconds: float
     per_position_loss: list[float | None] | None = None
+    per_document: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
-        if self.per_position_loss is None:
-            doc.pop("per_position_loss")
+        for optional in ("per_position_loss", "per_document"):
+            if doc[optional] is None:
+                doc.pop(optional)
         return doc
 
 
@@ -58,6 +60,12 @@ class LengthResult:
 
 def load_split_stream(cfg: Any, split: str) -> np.ndarray:
     """The documents of ``split`` concatenated in stored order, as int64 ``[n]``.
+    See :func:`load_split_documents`."""
+    return np.concatenate(load_split_documents(cfg, split))
+
+
+def load_split_documents(cfg: Any, split: str) -> list[np.ndarray]:
+    """The documents of ``split`` in stored order, each as int64 ``[n_i]``.
 
     ``cfg.data.<split>_data_paths`` when set, otherwise the ``split`` range of ``cfg.data.data_path``
     (the same contiguous document ranges the trainer uses, docs/reference-format.md §7).
@@ -83,7 +91,7 @@ def load_split_stream(cfg: Any, split: str) -> np.ndarray:
         first, last = bounds[position], bounds[position + 1]
     if last <= first:
         raise EvaluationError(f"split {split!r} of {prefix} holds no documents (split {data.split!r})")
-    return np.concatenate([np.asarray(indexed[i], dtype=np.int64) for i in range(first, last)])
+    return [np.asarray(indexed[i], dtype=np.int64) for i in range(first, last)]
 
 
 def dataset_name(cfg: Any) -> str:
@@ -209,11 +217,16 @@ def evaluate_plan(
     per_position: bool = False,
     device: torch.device | str = "cpu",
     progress: bool = True,
+    document_of: np.ndarray | None = None,
+    on_windows: Callable[[int], None] | None = None,
 ) -> LengthResult:
     """Score every window of ``plan``; the mean loss is over exactly the plan's scored tokens.
 
     With ``per_position`` also the mean loss at each input position ``0 .. input_length - 1``
-    (KERPLE §5.5), ``None`` where the protocol scores no token at that position.
+    (KERPLE §5.5), ``None`` where the protocol scores no token at that position. With
+    ``document_of`` (the document index of every stream token) also the loss of each document over
+    its scored label tokens (:func:`per_document_table`). ``on_windows(k)`` is called after every
+    batch of ``k`` windows (an overall progress bar).
     """
     stream = torch.as_tensor(stream, dtype=torch.long)
     n = plan.input_length
@@ -223,6 +236,10 @@ def evaluate_plan(
     position_sum = torch.zeros(n, dtype=torch.float64)
     position_count = torch.zeros(n, dtype=torch.float64)
     positions = torch.arange(n)
+    documents = None if document_of is None else torch.as_tensor(document_of, dtype=torch.long)
+    num_documents = 0 if documents is None else int(documents.max()) + 1
+    document_sum = torch.zeros(num_documents, dtype=torch.float64)
+    document_count = torch.zeros(num_documents, dtype=torch.float64)
     start_time = time.perf_counter()
     bar = tqdm(
         total=plan.num_windows, desc=f"eval L={plan.length}", unit="win", disable=not progress, leave=False
@@ -237,6 +254,13 @@ def evaluate_plan(
         total += masked.sum()
         position_sum[first:] += masked.sum(0)
         position_count[first:] += scored.sum(0)
+        if documents is not None:
+            labels_at = torch.from_numpy(plan.starts[index])[:, None] + 1 + positions[None, first:]  # [b, n - first]
+            owner = documents[labels_at][scored]
+            document_sum += torch.bincount(owner, weights=losses[scored], minlength=num_documents)
+            document_count += torch.bincount(owner, minlength=num_documents).double()
+        if on_windows is not None:
+            on_windows(len(index))
         bar.update(len(index))
         bar.set_postfix(loss=f"{(total / position_count.sum().clamp(min=1)).item():.4f}")
     bar.close()
@@ -256,7 +280,19 @@ def evaluate_plan(
         batch_size=batch_size,
         seconds=time.perf_counter() - start_time,
         per_position_loss=per_position_loss,
+        per_document=None if documents is None else per_document_table(document_sum, document_count),
     )
+
+
+def per_document_table(loss_sum: torch.Tensor, token_count: torch.Tensor) -> list[dict[str, Any]]:
+    """``{document, tokens, loss, ppl}`` of every document with scored tokens, most tokens first
+    (``document`` counts the split's documents from 0 in stored order)."""
+    rows = [
+        {"document": index, "tokens": int(count), "loss": total / count, "ppl": math.exp(min(total / count, 700.0))}
+        for index, (total, count) in enumerate(zip(loss_sum.tolist(), token_count.tolist()))
+        if count > 0
+    ]
+    return sorted(rows, key=lambda row: (-row["tokens"], row["document"]))
 
 
 def format_table(results: Sequence[LengthResult]) -> str:

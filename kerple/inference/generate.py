@@ -12,6 +12,7 @@ keeps the last W keys/values (thesis §4.9.2). Temperature 0 is greedy decoding.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -125,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="generate.py", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("configs", nargs="+", help="YAML config files merged in order, then key=value overrides")
+    parser.add_argument("configs", nargs="*",
+                        help="YAML config files merged in order, then key=value overrides "
+                             "(none: the checkpoint's configs/ folder)")
     parser.add_argument("--load", required=True, help="checkpoint directory (kerple, GPT-NeoX/KERPLE, or a HF export)")
     parser.add_argument("--iteration", type=int, help="checkpoint iteration (default: the 'latest' tag)")
     parser.add_argument("--prompt", required=True, help="text to continue")
@@ -156,21 +159,51 @@ def load_any(model: nn.Module, path: str | Path, iteration: int | None, cfg: Any
     return load_model_weights(model, folder, iteration, cfg=cfg, trust=trust)
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse sampling settings that cannot mean anything (``GenerationError`` naming the flag)."""
+    checks = (
+        ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens is not None and args.max_new_tokens < 1,
+         "an integer of at least 1"),
+        ("--temperature", args.temperature, not args.temperature >= 0, "a number >= 0 (0 = greedy)"),
+        ("--top-p", args.top_p, args.top_p is not None and not 0 < args.top_p <= 1, "a number in (0, 1]"),
+        ("--top-k", args.top_k, args.top_k is not None and args.top_k < 0, "an integer >= 0 (0 = no limit)"),
+        ("--cache-window", args.cache_window, args.cache_window is not None and args.cache_window < 1,
+         "an integer of at least 1 (keys kept)"),
+        ("--iteration", args.iteration, args.iteration is not None and args.iteration < 0, "an integer >= 0"),
+    )
+    for flag, value, bad, expected in checks:
+        if bad:
+            raise GenerationError(f"{flag} {value}: expected {expected}")
+
+
+def generation_config(args: argparse.Namespace) -> Any:
+    """The run's config: the YAML files and overrides given, else the checkpoint's ``configs/``."""
+    yamls, overrides = split_arguments(args.configs)
+    if not yamls and not (Path(args.load) / "model.safetensors").is_file():
+        from kerple.checkpoint.files import checkpoint_config_files
+
+        yamls = checkpoint_config_files(args.load, args.iteration)
+        print(f"config: {', '.join(yamls)} (from the checkpoint)", file=sys.stderr)
+    elif not yamls:
+        raise GenerationError(f"{args.load} is a Hugging Face export: name the run's YAML configs on the command line")
+    return load_config(yamls, parse_overrides(overrides))
+
+
 def run(args: argparse.Namespace) -> str:
-    """Load config, weights and tokenizer; return the generated text (prompt included)."""
+    """Check the flags, load config, tokenizer and weights; return the generated text (prompt included)."""
     from kerple.data.tokenizers import build_tokenizer
     from kerple.model import build_model
 
-    if args.cache_window is not None and args.cache_window < 1:
-        raise GenerationError(f"--cache-window {args.cache_window}: keep at least one key (W >= 1)")
-    yamls, overrides = split_arguments(args.configs)
-    cfg = load_config(yamls, parse_overrides(overrides))
+    check_arguments(args)
+    cfg = generation_config(args)
+    data = cfg.data
+    # The tokenizer first: a bad tokenizer file fails in a second, before the weights are read.
+    tokenizer = build_tokenizer(data.tokenizer_type, data.vocab_file, data.merge_file, data.tokenizer_file)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = build_model(cfg, flex_compile=False)
-    load_any(model, args.load, args.iteration, cfg, args.trust_checkpoint)
+    iteration = load_any(model, args.load, args.iteration, cfg, args.trust_checkpoint)
+    print(f"loaded {args.load} at iteration {iteration}", file=sys.stderr)
     model.to(device).eval()
-    data = cfg.data
-    tokenizer = build_tokenizer(data.tokenizer_type, data.vocab_file, data.merge_file, data.tokenizer_file)
     ids = tokenizer.tokenize(args.prompt)
     if not ids:
         raise GenerationError(f"--prompt {args.prompt!r} tokenizes to no tokens; give some text")

@@ -12,6 +12,7 @@ batch.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +80,12 @@ def build_feeds(cfg: Any, parallel: Any) -> tuple[BatchFeed | None, BatchFeed | 
         datasets = build_datasets_from_config(cfg, num_samples)
     if datasets.train is None and train_iters > 0:
         raise TrainingError(f"the training split of {cfg.data.data_path} is empty; check 'split' and 'data_path'")
+    if datasets.valid is None and num_samples[1] > 0 and parallel.is_main:
+        logging.getLogger(__name__).warning(
+            "warning: the validation split of %s is empty (split %r leaves it no documents): this run trains "
+            "without validation. Use a larger corpus, a larger second weight in 'split', or 'valid_data_paths'",
+            cfg.data.data_path, cfg.data.split,
+        )
     eod = _eod_token(cfg.data) if cfg.data.eod_mask_loss else None
     train, valid = (
         None if dataset is None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -63,7 +64,9 @@ def dry_run_report(cfg: Any) -> str:
 @entry_point("train.py")
 def train_main(argv: list[str]) -> int:
     """``train.py``: load the config, then train (or ``--dry-run``: print config and size)."""
-    parser = argparse.ArgumentParser(prog="train.py", description="Train a GPT-NeoX-style model with DeepSpeed.")
+    parser = argparse.ArgumentParser(
+        prog="train.py", description="Train a GPT-NeoX-style model with DeepSpeed.", allow_abbrev=False
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the resolved config and parameter count")
     parser.add_argument(
         "--trust-checkpoint",
@@ -72,6 +75,9 @@ def train_main(argv: list[str]) -> int:
     )
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     known, rest = parser.parse_known_args(argv)
+    unknown = [word for word in rest if word.startswith("-")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (train.py's flags: --dry-run, --trust-checkpoint)")
     paths, overrides = split_arguments(rest)
     if known.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(known.local_rank))
@@ -92,12 +98,16 @@ def train_main(argv: list[str]) -> int:
 
 
 EVALUATION_SCRIPTS = frozenset({"evaluate.py", "generate.py"})
+TRAIN_FLAGS = frozenset({"--dry-run"})
+"""train.py's own flags that deepy.py passes on (``--trust-checkpoint`` is deepy's, passed to every rank)."""
 
 
 @entry_point("deepy.py")
 def deepy_main(argv: list[str]) -> int:
     """``deepy.py``: validate once, write the resolved config, launch every rank on it."""
-    parser = argparse.ArgumentParser(prog="deepy.py", description="Launch train.py on every rank with one resolved config.")
+    parser = argparse.ArgumentParser(
+        prog="deepy.py", description="Launch train.py on every rank with one resolved config.", allow_abbrev=False
+    )
     parser.add_argument("script", help="the training script (train.py)")
     parser.add_argument(
         "-d", "--conf_dir", "--conf-dir", default=None, help="directory the YAML paths are relative to (as in GPT-NeoX)"
@@ -111,6 +121,11 @@ def deepy_main(argv: list[str]) -> int:
     # Everything from the first unknown --flag on belongs to the script (e.g. evaluate.py's --load).
     first_flag = next((i for i, word in enumerate(rest) if word.startswith("-")), len(rest))
     rest, known.script_args = rest[:first_flag], rest[first_flag:]
+    if Path(known.script).name not in EVALUATION_SCRIPTS:  # train.py: refuse here what it would refuse on every rank
+        unknown = [word for word in known.script_args if word.startswith("-") and word not in TRAIN_FLAGS]
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)} (deepy.py's flags: -d/--conf_dir, --hostfile, "
+                         "--num_gpus, --include, --master_port, --trust-checkpoint; train.py's: --dry-run)")
     paths, overrides = split_arguments(rest)
     if not paths:
         parser.error("give at least one YAML config file after the script")
@@ -128,7 +143,25 @@ def deepy_main(argv: list[str]) -> int:
     print(f"deepy: resolved config written to {resolved} ({world} process(es))", flush=True)
     command = launch_command(known, world, resolved, cfg)
     print("deepy: " + " ".join(command), flush=True)
-    return subprocess.call(command)
+    return run_child(command)
+
+
+def run_child(command: list[str]) -> int:
+    """Run the launcher ``command``, forwarding SIGINT and SIGTERM to it (the trainer then saves and
+    stops cleanly), and return its exit status (128 + N when signal N ended it, as a shell reports)."""
+    child = subprocess.Popen(command)
+
+    def forward(signum: int, _frame: Any) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        status = child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 - status if status < 0 else status
 
 
 def launch_command(known: argparse.Namespace, world: int, resolved: Path, cfg: Any) -> list[str]:

@@ -20,6 +20,7 @@ from torch import nn
 
 from kerple.checkpoint import RunState, find_checkpoint, load_model_weights, restore_rng
 from kerple.checkpoint.run_state import read_optimizer_shards, read_run_state
+from kerple.training.errors import TrainingError
 
 
 @dataclass
@@ -37,6 +38,13 @@ def load_weights(model: nn.Module, cfg: Any, parallel: Any, *, trust: bool = Fal
         return None
     directory = find_checkpoint(load)
     if directory is None:
+        save = cfg.checkpointing.save
+        if not save or Path(load).resolve() != Path(save).resolve():
+            state = "does not exist" if not Path(load).exists() else "holds no checkpoint"
+            raise TrainingError(
+                f"load: {load} {state}. Starting fresh is only automatic when load equals save "
+                f"(resume-or-start); fix the path, or remove 'load' to train from scratch"
+            )
         parallel.barrier()
         return None
     iteration = load_model_weights(

@@ -18,6 +18,7 @@ written per rank as for ZeRO 1/2.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import signal
@@ -36,6 +37,7 @@ from kerple.parallel.groups import ParallelState, init_distributed, teardown
 from kerple.training.batches import build_feeds
 from kerple.training.engine import build_rank_model, build_stages, gathered, initialize_engine
 from kerple.training.errors import TrainingDivergedError, TrainingError
+from kerple.training.lock import SaveLock
 from kerple.training.monitor import Monitor, progress_line
 from kerple.training.optimizer import build_optimizer
 from kerple.training.resume import load_weights, restore_run_state
@@ -53,7 +55,7 @@ class TrainResult:
     iteration: int
     losses: list[tuple[int, float]] = field(default_factory=list)
     eval_losses: list[tuple[int, float]] = field(default_factory=list)
-    status: str = "finished"  # "finished" | "interrupted"
+    status: str = "finished"  # "finished" | "interrupted" | "already finished"
     skipped_steps: int = 0
     last_checkpoint: Path | None = None
 
@@ -87,6 +89,7 @@ class Trainer:
         self.train_feed, self.valid_feed = build_feeds(cfg, parallel)
         self.model = build_rank_model(cfg, parallel)
         resumed = load_weights(self.model, cfg, parallel, trust=trust_checkpoint)
+        self.resumed_from = None if resumed is None else resumed.directory
         self.parameters_total = parameter_count(self.model)
         if self.pipelined:
             self.model = build_stages(self.model, parallel)
@@ -263,7 +266,21 @@ class Trainer:
     # --- the loop -----------------------------------------------------------------------------
     def train(self) -> TrainResult:
         """Train to ``train_iters``; evaluate every ``eval_interval``; save every ``save_interval``
-        and at the end; on SIGTERM/SIGINT finish the current step, save and return."""
+        and at the end; on SIGTERM/SIGINT finish the current step, save and return. A run resumed
+        at or past ``train_iters`` returns at once (status ``already finished``). The first rank
+        holds ``save``'s lock (:mod:`kerple.training.lock`) meanwhile."""
+        if 0 < self.train_iters <= self.iteration:
+            self.monitor.print(
+                f"training already finished: {self.resumed_from} is step {self.iteration} of {self.train_iters}; "
+                "nothing to do (raise train_iters to train further)"
+            )
+            return TrainResult(iteration=self.iteration, status="already finished",
+                               skipped_steps=self.skipped_steps, last_checkpoint=self.resumed_from)
+        save = self.cfg.checkpointing.save
+        with SaveLock(save) if save and self.parallel.is_main else contextlib.nullcontext():
+            return self._train()
+
+    def _train(self) -> TrainResult:
         cfg = self.cfg
         result = TrainResult(iteration=self.iteration)
         log_interval = int(cfg.logging.log_interval)

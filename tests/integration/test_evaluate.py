@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -125,3 +126,108 @@ def test_refusals_exit_2_with_a_reason(
     assert cli.main([*base, "--eval-lengths", "128", *common]) == 2
     assert "does not fit in memory" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_unwritable_output_is_refused_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    # The checkpoint does not exist either: the output is checked first, before configs and weights.
+    argv = [str(REPO / "configs/models/tiny.yml"), "--load", str(tmp_path / "missing"), "--eval-lengths", "32",
+            "--output", str(blocker / "out.json"), "--no-progress"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--output" in err and "cannot write there" in err
+    assert cli.main([*argv[:-3], "--output", str(tmp_path), "--no-progress"]) == 2
+    assert "is a directory" in capsys.readouterr().err
+
+
+def test_an_interrupted_run_keeps_the_finished_lengths(
+    trained: tuple[Path, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = cli.evaluate_plan
+
+    def interrupted_at_64(loss_fn, stream, plan, **kwargs):  # noqa: ANN001, ANN202
+        if plan.length == 64:
+            raise KeyboardInterrupt
+        return real(loss_fn, stream, plan, **kwargs)
+
+    monkeypatch.setattr(cli, "evaluate_plan", interrupted_at_64)
+    output = tmp_path / "partial.json"
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(trained, output, "--eval-lengths", LENGTHS)
+    partial = json.loads(output.read_text())
+    assert partial["complete"] is False and [r["length"] for r in partial["results"]] == [32]
+    monkeypatch.setattr(cli, "evaluate_plan", real)
+    assert evaluate(trained, output, "--eval-lengths", LENGTHS)["complete"] is True
+
+
+def test_plan_and_estimate_are_printed_first(
+    trained: tuple[Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    evaluate(trained, tmp_path / "p.json", "--eval-lengths", LENGTHS)
+    err = capsys.readouterr().err
+    assert "plan: nonoverlap on the valid split" in err and " in all (timed on one batch)" in err
+    assert err.index("plan:") < err.index("L=32: loss")
+    assert "at iteration 20" in err
+
+
+def test_default_token_budget() -> None:
+    def budget(lengths: list[int], stream: int, **flags: object) -> int | None:
+        args = argparse.Namespace(protocol="nonoverlap", num_windows=None, num_tokens=None)
+        vars(args).update(flags)
+        return cli.scored_token_budget(args, lengths, stream)
+
+    assert budget([128, 2048], 300_000) == cli.DEFAULT_NUM_TOKENS == 32768
+    assert budget([65536], 300_000) == 65536  # at least one window of the longest length
+    assert budget([128], 1000) == 999  # no more than the split holds
+    assert budget([128], 300_000, num_tokens="all") is None
+    assert budget([128], 300_000, num_tokens="5000") == 5000
+    assert budget([128], 300_000, num_windows=3) is None
+    assert budget([128], 300_000, protocol="last_token") is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--num-tokens", "-5"], "--num-tokens -5"),
+        (["--num-tokens", "0"], "--num-tokens 0"),
+        (["--num-tokens", "many"], "--num-tokens 'many'"),
+        (["--num-windows", "0"], "--num-windows 0"),
+        (["--protocol", "sliding", "--stride", "-1"], "--stride -1"),
+        (["--tokens-per-batch", "0"], "--tokens-per-batch 0"),
+    ],
+)
+def test_bad_numbers_exit_2_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture, flags: list[str], message: str
+) -> None:
+    argv = [str(REPO / "configs/models/tiny.yml"), "--load", str(tmp_path), "--eval-lengths", "32",
+            "--output", str(tmp_path / "x.json"), "--no-progress", *flags]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_per_document_perplexity(trained: tuple[Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    doc = evaluate(trained, tmp_path / "d.json", "--eval-lengths", "32,64", "--per-document")
+    assert "documents; the 10 with most scored tokens" in capsys.readouterr().err
+    for row in doc["results"]:
+        documents = row["per_document"]
+        tokens = [d["tokens"] for d in documents]
+        assert tokens == sorted(tokens, reverse=True) and sum(tokens) == row["scored_tokens"]
+        assert 1 <= max(tokens) <= 121  # a corpus document holds 21-120 tokens and its end-of-document
+        mean = sum(d["loss"] * d["tokens"] for d in documents) / row["scored_tokens"]
+        assert mean == pytest.approx(row["loss"], rel=1e-9)
+
+
+def test_load_without_yaml_reads_the_checkpoint_configs(
+    trained: tuple[Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    checkpoints, _ = trained
+    with_yaml = evaluate(trained, tmp_path / "y.json", "--eval-lengths", "32,64")
+    argv = ["--load", str(checkpoints), "--eval-lengths", "32,64", "--output", str(tmp_path / "n.json"), "--no-progress"]
+    assert cli.main(argv) == 0
+    assert "resolved.yml (from the checkpoint)" in capsys.readouterr().err
+    without = json.loads((tmp_path / "n.json").read_text())
+    assert [r["loss"] for r in without["results"]] == pytest.approx([r["loss"] for r in with_yaml["results"]], rel=1e-9)
+    assert cli.main(["--eval-lengths", "32", "--output", str(tmp_path / "m.json")]) == 2
+    assert "pass --load DIR" in capsys.readouterr().err

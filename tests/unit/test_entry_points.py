@@ -72,6 +72,24 @@ def test_deepy_reports_a_config_error(typo: str, capsys: pytest.CaptureFixture) 
     assert typo in one_error_line(capsys, "deepy.py")
 
 
+@pytest.mark.parametrize("script", ["train.py", "deepy.py"])
+def test_an_unknown_flag_is_reported_as_a_flag(script: str, capsys: pytest.CaptureFixture) -> None:
+    main = training_cli.train_main if script == "train.py" else training_cli.deepy_main
+    argv = [*TINY, "--bogus-flag"] if script == "train.py" else ["train.py", *TINY, "--bogus-flag"]
+    with pytest.raises(SystemExit) as exit_status:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_status.value.code == 2
+    assert "unrecognized arguments: --bogus-flag" in err and "cannot read" not in err
+
+
+def test_deepy_refuses_abbreviated_flags(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_status:
+        training_cli.deepy_main(["train.py", *TINY, "--num-gpu", "2"])  # not --num-gpus
+    assert exit_status.value.code == 2
+    assert "unrecognized arguments: --num-gpu" in capsys.readouterr().err
+
+
 def test_evaluate_reports_a_bad_cache_window(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     argv = [*TINY, "--eval-lengths", "64", "--cache-window", "0", "--output", str(tmp_path / "r.json")]
     assert evaluate_cli.main(argv) == 2

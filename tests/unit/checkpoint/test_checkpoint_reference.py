@@ -143,3 +143,23 @@ def test_rank_shard_of_a_merged_checkpoint(tmp_path):
     rank1 = torch.load(root / "global_step50" / "layer_02-model_01-model_states.pt", weights_only=True)
     for key, tensor in rank1.items():
         assert torch.equal(shards[1][f"sequential.2.{key}"], tensor), key
+
+
+@pytest.mark.parametrize("assumed", ["kerple_log", "kerple_power"])
+def test_an_unnamed_kerple_embedding_is_loaded_with_a_warning(tmp_path, caplog, assumed):
+    """kerple_log and kerple_power share bias_p/bias_a: without args.pos_emb and configs/ the
+    checkpoint cannot say which it is, so the config's choice is used and named in a warning."""
+    import logging
+    import shutil
+
+    root = write_reference_checkpoint(tmp_path, reference_tensors("kerple_log"), pos_emb="kerple_log")
+    with caplog.at_level(logging.WARNING, logger="kerple"):
+        load_model_weights(tiny_model("kerple_log"), root, cfg=tiny_config("kerple_log"))
+    assert "names no positional embedding" not in caplog.text  # configs/ names it
+    shutil.rmtree(root / "global_step50" / "configs")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kerple"):
+        load_model_weights(tiny_model(assumed), root, cfg=tiny_config(assumed))
+    assert "names no positional embedding" in caplog.text
+    assert f"loaded as the config's pos_emb {assumed}" in caplog.text
+    assert "kerple_log and kerple_power store the same tensors" in caplog.text

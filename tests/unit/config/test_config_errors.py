@@ -131,6 +131,19 @@ def test_invalid_yaml(write):
     assert error.file == path and "not valid YAML" in str(error)
 
 
+def test_a_file_that_is_not_utf8_is_named(tmp_path):
+    path = tmp_path / "latin1.yml"
+    path.write_bytes("num_layers: 2\n# caf\u00e9\n".encode("latin-1"))
+    error = _error([str(path)])
+    assert error.file == str(path) and "not UTF-8" in str(error) and "0xe9 on line 2" in str(error)
+
+
+def test_sparsity_config_is_refused_like_local_attention():
+    error = _error([], {"sparsity_config": {"block": 16, "different_layout_per_head": True}})
+    assert error.key == "sparsity_config" and "sparse attention" in str(error) and "not implemented" in str(error)
+    load_config([], {"sparsity_config": {}})  # GPT-NeoX's default: accepted
+
+
 def test_top_level_must_be_a_mapping(write):
     error = _error([write("list.yml", "- 1\n- 2\n")])
     assert "mapping" in str(error)

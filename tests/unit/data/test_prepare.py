@@ -163,3 +163,22 @@ def test_every_online_source_names_its_urls() -> None:
     for name in ("openwebtext2", "github", "arxiv", "enwik8", "wikitext103", "pile_subset"):
         source = sources.get_source(name)
         assert source.online and source.urls and all(url.startswith("http") for url in source.urls)
+
+
+def test_input_that_is_mostly_not_utf8_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    data = np.random.RandomState(0).randint(0, 256, 20_000, dtype=np.uint8).tobytes()
+    (tmp_path / "random.txt").write_bytes(data)
+    # The share by hand: a byte is invalid where strict decoding of the stream has to escape it.
+    invalid = sum(1 for char in data.decode("utf-8", "surrogateescape") if "\udc80" <= char <= "\udcff")
+    assert 0.3 < invalid / len(data) < 0.6
+    out = tmp_path / "out/random"
+    argv = ["--input", str(tmp_path / "random.txt"), "--output-prefix", str(out), "-t", "CharLevelTokenizer", "--quiet"]
+    assert preprocess.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{invalid / len(data):.1%} of the input bytes ({invalid:,}) are not UTF-8" in err
+    assert "--max-invalid-bytes 0.01" in err and "nothing was written" in err
+    assert not out.parent.exists() or list(out.parent.iterdir()) == []
+    assert preprocess.main([*argv, "--max-invalid-bytes", "0.6"]) == 0  # the user accepts it
+    assert json.loads(Path(f"{out}_text_document.info.json").read_text())["replaced_bytes"] == invalid
+    assert preprocess.main([*argv, "--max-invalid-bytes", "5"]) == 2
+    assert "a share between 0 and 1" in capsys.readouterr().err

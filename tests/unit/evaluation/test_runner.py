@@ -134,3 +134,24 @@ def test_suffix_scoring_matches_the_full_loss_of_a_gpt_model() -> None:
     assert full.shape == (3, 20) and suffix.shape == (3, 7)
     torch.testing.assert_close(full, reference)
     torch.testing.assert_close(suffix, reference[:, 13:])
+
+
+def test_per_document_losses_by_hand() -> None:
+    """Documents [3 1 4 1 5] [9 2 6] [5 3 5 8 9]; labels 1 4 1 5 | 9 2 6 5 | 3 5 8 9 (windows of 4)."""
+    (plan,) = nonoverlap(len(STREAM), [4])
+    document_of = np.repeat([0, 1, 2], [5, 3, 5])
+    result = evaluate_plan(label_plus_position, STREAM, plan, batch_size=2, progress=False, document_of=document_of)
+    # document 0 owns labels at stream 1-4 (window 0, positions 0-3); document 1 stream 5-7
+    # (window 1, positions 0-2); document 2 stream 8-12 (window 1 position 3, window 2 positions 0-3).
+    expected = {
+        0: ((1 + 4 + 1 + 5) / 100 + (0 + 1 + 2 + 3) / 10) / 4,
+        1: ((9 + 2 + 6) / 100 + (0 + 1 + 2) / 10) / 3,
+        2: ((5 + 3 + 5 + 8 + 9) / 100 + (3 + 0 + 1 + 2 + 3) / 10) / 5,
+    }
+    rows = result.per_document
+    assert [row["document"] for row in rows] == [2, 0, 1]  # most scored tokens first
+    assert [row["tokens"] for row in rows] == [5, 4, 3]
+    for row in rows:
+        assert row["loss"] == pytest.approx(expected[row["document"]])
+        assert row["ppl"] == pytest.approx(math.exp(expected[row["document"]]))
+    assert sum(r["loss"] * r["tokens"] for r in rows) / 12 == pytest.approx(result.loss)

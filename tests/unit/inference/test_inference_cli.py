@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from kerple.checkpoint import NeoxAdapter, write_checkpoint
@@ -44,3 +45,60 @@ def test_generate_reports_a_missing_checkpoint(tmp_path, capsys):
                                            "vocab_size": 512, "tokenizer_type": "CharLevelTokenizer"}))
     assert main([str(config_file), "--load", str(tmp_path / "none"), "--prompt", "x"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def tiny_checkpoint(tmp_path, **extra):
+    """A 2-layer character-level checkpoint written with its config under ``configs/``; (yml, dir)."""
+    values = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "vocab_size": 512, "seq_length": 64,
+              "pos_emb": "kerple_log", "tokenizer_type": "CharLevelTokenizer", "attention_impl": "eager", **extra}
+    config_file = tmp_path / "tiny.yml"
+    config_file.write_text(yaml.safe_dump(values))
+    model = build_model(load_config([str(config_file)]), flex_compile=False)
+    state = NeoxAdapter.for_model(model).to_reference(model.state_dict())
+    args = {"num_attention_heads": 4, "pos_emb": "kerple_log", "num_layers": 2, "hidden_size": 32}
+    write_checkpoint(tmp_path / "ckpt", state, iteration=7, args=args, config_files={"tiny.yml": config_file.read_text()})
+    return config_file, tmp_path / "ckpt"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-new-tokens", "0"], "--max-new-tokens 0"),
+        (["--max-new-tokens", "-3"], "--max-new-tokens -3"),
+        (["--temperature", "-0.5"], "--temperature -0.5"),
+        (["--temperature", "nan"], "--temperature nan"),
+        (["--top-p", "0"], "--top-p 0.0"),
+        (["--top-p", "1.5"], "--top-p 1.5"),
+        (["--top-k", "-1"], "--top-k -1"),
+    ],
+)
+def test_generate_refuses_meaningless_sampling_flags(tmp_path, capsys, flags, message):
+    # No checkpoint is read: the flags are checked first.
+    argv = ["--load", str(tmp_path / "none"), "--prompt", "x", *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "expected" in err and "Traceback" not in err
+
+
+def test_generate_reads_the_checkpoint_configs_and_names_the_iteration(tmp_path, capsys):
+    config_file, checkpoint = tiny_checkpoint(tmp_path)
+    prompt = ["--prompt", "kernel", "--max-new-tokens", "5"]
+    assert main([str(config_file), "--load", str(checkpoint), *prompt]) == 0
+    with_yaml = capsys.readouterr()
+    assert main(["--load", str(checkpoint), *prompt]) == 0
+    without = capsys.readouterr()
+    assert without.out == with_yaml.out and "tiny.yml (from the checkpoint)" in without.err
+    assert f"loaded {checkpoint} at iteration 7" in with_yaml.err
+
+
+def test_generate_reports_a_bad_tokenizer_before_loading_weights(tmp_path, capsys):
+    config_file, checkpoint = tiny_checkpoint(tmp_path)
+    bad = tmp_path / "tokenizer.json"
+    bad.write_bytes(b"\xff\xfe not json")
+    # The checkpoint folder is missing: a tokenizer error proves the tokenizer was built first.
+    argv = [str(config_file), "tokenizer_type=HFTokenizer", f"vocab_file={bad}", "--load", str(tmp_path / "none"),
+            "--prompt", "x"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "Traceback" not in err
+    assert main([*argv[:-4], "--load", str(checkpoint), "--prompt", "x"]) == 2

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 def launched(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> list[str]:
     calls: list[list[str]] = []
-    monkeypatch.setattr(cli.subprocess, "call", lambda command: calls.append(command) or 0)
+    monkeypatch.setattr(cli, "run_child", lambda command: calls.append(command) or 0)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert cli.deepy_main(argv) == 0
     assert len(calls) == 1

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[3]
 @pytest.mark.parametrize("flag", ["-d", "--conf_dir"])
 def test_paths_are_joined_to_the_config_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flag: str) -> None:
     calls: list[list[str]] = []
-    monkeypatch.setattr(cli.subprocess, "call", lambda command: calls.append(command) or 0)
+    monkeypatch.setattr(cli, "run_child", lambda command: calls.append(command) or 0)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     argv = ["train.py", flag, str(REPO / "configs"), "models/tiny.yml", "pe/alibi.yml", f"log_dir={tmp_path}", "seed=7"]
     assert cli.deepy_main(argv) == 0
@@ -24,6 +24,6 @@ def test_paths_are_joined_to_the_config_directory(monkeypatch: pytest.MonkeyPatc
 
 
 def test_missing_file_under_the_directory_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys) -> None:
-    monkeypatch.setattr(cli.subprocess, "call", lambda command: 0)
+    monkeypatch.setattr(cli, "run_child", lambda command: 0)
     assert cli.deepy_main(["train.py", "-d", str(tmp_path), "125M.yml"]) == 2
     assert str(tmp_path / "125M.yml") in capsys.readouterr().err

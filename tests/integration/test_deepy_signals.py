@@ -1,0 +1,54 @@
+"""deepy.py passes SIGINT/SIGTERM on to the trainer it started and exits with the trainer's status."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "training"))
+
+from kerple.training import cli  # noqa: E402
+from tiny_run import REPO, tiny_overrides, write_corpus  # noqa: E402
+
+
+def test_the_child_status_is_returned() -> None:
+    assert cli.run_child([sys.executable, "-c", "import sys; sys.exit(3)"]) == 3
+    assert cli.run_child([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]) == 128 + 9
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_deepy_stops_the_trainer_cleanly(tmp_path: Path, signum: int) -> None:
+    corpus = write_corpus(tmp_path / "corpus")
+    save = tmp_path / "run"
+    overrides = tiny_overrides(corpus, train_iters=2000, lr_decay_iters=2000, log_interval=1, save=str(save),
+                               log_dir=str(tmp_path / "logs"))
+    argv = [f"{key}={'' if value is None else value}" for key, value in overrides.items()]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    deepy = subprocess.Popen([sys.executable, "deepy.py", "train.py", "configs/models/tiny.yml", *argv], cwd=REPO,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        lines = []
+        for line in deepy.stdout:
+            lines.append(line)
+            if "step" in line and "/2000" in line:
+                break  # the trainer is in its loop
+        deepy.send_signal(signum)  # to deepy alone, not to its process group
+        rest, _ = deepy.communicate(timeout=120)
+        output = "".join(lines) + rest
+        assert deepy.returncode == 0, output[-3000:]
+        assert "received signal; saved at step" in output and "training interrupted at step" in output
+        step = int((save / "latest").read_text().removeprefix("global_step"))
+        assert 0 < step < 2000
+    finally:
+        try:
+            os.killpg(deepy.pid, signal.SIGKILL)  # the group this test started, should anything be left
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,107 @@
+"""What a training run refuses or says before it writes: a missing ``load``, a finished run, a
+``save`` folder another run holds, a half-pruned checkpoint, a corpus without a validation split."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kerple.checkpoint import files
+from kerple.training.errors import TrainingError
+from kerple.training.lock import LOCK_NAME, SaveLock
+from kerple.training.trainer import Trainer
+from tiny_run import REPO, single_process_group, tiny_config, train, write_corpus
+
+
+@pytest.fixture(scope="module")
+def parallel():
+    yield from single_process_group()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("data") / "corpus")
+
+
+def test_missing_load_is_an_error_unless_it_is_save(parallel, corpus: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-run"
+    cfg = tiny_config(corpus, train_iters=2, load=str(missing), save=str(tmp_path / "out")).resolve_batch(1)
+    with pytest.raises(TrainingError, match=r"load: .*no-such-run does not exist.*resume-or-start"):
+        Trainer(cfg, parallel)
+    (tmp_path / "empty").mkdir()
+    cfg = tiny_config(corpus, train_iters=2, load=str(tmp_path / "empty")).resolve_batch(1)
+    with pytest.raises(TrainingError, match="holds no checkpoint"):
+        Trainer(cfg, parallel)
+    # load == save: the first run starts fresh, as GPT-NeoX's resume-or-start
+    result = train(tiny_config(corpus, train_iters=2, load=str(missing), save=str(missing)), parallel)
+    assert result.status == "finished" and (missing / "latest").read_text() == "global_step2"
+
+
+def test_rerunning_a_finished_training_does_nothing(parallel, corpus: Path, tmp_path: Path) -> None:
+    save = tmp_path / "run"
+    settings = dict(train_iters=3, lr_decay_iters=3, save=str(save), load=str(save), eval_interval=2, eval_iters=1)
+    first = train(tiny_config(corpus, **settings), parallel)
+    assert first.status == "finished" and first.eval_losses
+    final = save / "global_step3"
+    written = {p: p.stat().st_mtime_ns for p in final.rglob("*")}
+    again = train(tiny_config(corpus, **settings), parallel)
+    assert again.status == "already finished" and again.iteration == 3
+    assert again.eval_losses == [] and again.losses == [] and again.last_checkpoint == final
+    assert {p: p.stat().st_mtime_ns for p in final.rglob("*")} == written
+
+
+def test_two_trainings_cannot_share_a_save_folder(parallel, corpus: Path, tmp_path: Path) -> None:
+    save = tmp_path / "shared"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from kerple.training.lock import SaveLock; "
+         f"lock = SaveLock({str(save)!r}); print('locked', flush=True); time.sleep(60)"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        cfg = tiny_config(corpus, train_iters=2, save=str(save)).resolve_batch(1)
+        trainer = Trainer(cfg, parallel)
+        try:
+            with pytest.raises(TrainingError, match=rf"another training \(pid {holder.pid}\) is writing checkpoints"):
+                trainer.train()
+        finally:
+            trainer.close()
+        assert not (save / "latest").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    with SaveLock(save):  # the lock died with its holder
+        assert (save / LOCK_NAME).read_text() == str(os.getpid())
+    assert not (save / LOCK_NAME).exists()
+
+
+def test_a_prune_killed_mid_delete_leaves_no_checkpoint_behind(tmp_path: Path, monkeypatch) -> None:
+    for step in (2, 4, 6):
+        (tmp_path / f"global_step{step}").mkdir()
+        (tmp_path / f"global_step{step}" / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    (tmp_path / "latest").write_text("global_step6")
+
+    def killed(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(files.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        files.prune_checkpoints(tmp_path, keep_last_n=1)
+    assert files.list_checkpoints(tmp_path) == [6]  # no half-deleted global_step2/4 counts
+    monkeypatch.undo()
+    files.prune_checkpoints(tmp_path, keep_last_n=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step6", "latest"]
+
+
+def test_a_corpus_without_a_validation_split_warns(parallel, tmp_path: Path, caplog) -> None:
+    small = write_corpus(tmp_path / "small", documents=30)
+    cfg = tiny_config(small, train_iters=1, split="99,1,0", eval_iters=1).resolve_batch(1)
+    with caplog.at_level(logging.WARNING, logger="kerple"):
+        trainer = Trainer(cfg, parallel)
+        trainer.close()
+    assert "validation split" in caplog.text and "'99,1,0'" in caplog.text and "without validation" in caplog.text
