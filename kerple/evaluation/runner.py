@@ -207,6 +207,43 @@ def _windows(stream: torch.Tensor, plan: WindowPlan, index: np.ndarray) -> tuple
     return rows[:, :-1], rows[:, 1:]
 
 
+class _Sums:
+    """Running loss sums of one plan: in total, per input position and per document (float64)."""
+
+    def __init__(self, input_length: int, documents: torch.Tensor | None) -> None:
+        self.positions = torch.arange(input_length)
+        self.total = torch.zeros((), dtype=torch.float64)
+        self.position_sum = torch.zeros(input_length, dtype=torch.float64)
+        self.position_count = torch.zeros(input_length, dtype=torch.float64)
+        self.documents = documents
+        num_documents = 0 if documents is None else int(documents.max()) + 1
+        self.document_sum = torch.zeros(num_documents, dtype=torch.float64)
+        self.document_count = torch.zeros(num_documents, dtype=torch.float64)
+
+    def add(self, losses: torch.Tensor, score_from: torch.Tensor, starts: torch.Tensor, first: int) -> None:
+        """Add ``losses [b, n - first]`` of windows starting at ``starts [b]``, scored from ``score_from [b]``."""
+        scored = self.positions[None, first:] >= score_from[:, None]  # [b, n - first]
+        masked = torch.where(scored, losses, torch.zeros_like(losses))
+        self.total += masked.sum()
+        self.position_sum[first:] += masked.sum(0)
+        self.position_count[first:] += scored.sum(0)
+        if self.documents is not None:
+            labels_at = starts[:, None] + 1 + self.positions[None, first:]  # [b, n - first]
+            owner = self.documents[labels_at][scored]
+            size = self.document_sum.numel()
+            self.document_sum += torch.bincount(owner, weights=losses[scored], minlength=size)
+            self.document_count += torch.bincount(owner, minlength=size).double()
+
+    def mean(self) -> float:
+        """The mean loss over the scored tokens so far."""
+        return (self.total / self.position_count.sum().clamp(min=1)).item()
+
+    def per_position(self) -> list[float | None]:
+        """Mean loss at each input position, ``None`` where no token was scored."""
+        means = (self.position_sum / self.position_count.clamp(min=1)).tolist()
+        return [m if c > 0 else None for m, c in zip(means, self.position_count.tolist())]
+
+
 @torch.no_grad()
 def evaluate_plan(
     loss_fn: LossFn,
@@ -232,14 +269,7 @@ def evaluate_plan(
     n = plan.input_length
     if plan.num_windows and int(plan.starts.max()) + n + 1 > stream.numel():
         raise EvaluationError(f"length {plan.length}: windows reach past the {stream.numel()}-token stream")
-    total = torch.zeros((), dtype=torch.float64)
-    position_sum = torch.zeros(n, dtype=torch.float64)
-    position_count = torch.zeros(n, dtype=torch.float64)
-    positions = torch.arange(n)
-    documents = None if document_of is None else torch.as_tensor(document_of, dtype=torch.long)
-    num_documents = 0 if documents is None else int(documents.max()) + 1
-    document_sum = torch.zeros(num_documents, dtype=torch.float64)
-    document_count = torch.zeros(num_documents, dtype=torch.float64)
+    sums = _Sums(n, None if document_of is None else torch.as_tensor(document_of, dtype=torch.long))
     start_time = time.perf_counter()
     bar = tqdm(
         total=plan.num_windows, desc=f"eval L={plan.length}", unit="win", disable=not progress, leave=False
@@ -249,38 +279,24 @@ def evaluate_plan(
         tokens, labels = _windows(stream, plan, index)
         first = int(plan.score_from[index].min())
         losses = loss_fn(tokens.to(device), labels.to(device), first).double().cpu()  # [b, n - first]
-        scored = positions[None, first:] >= torch.from_numpy(plan.score_from[index])[:, None]  # [b, n - first]
-        masked = torch.where(scored, losses, torch.zeros_like(losses))
-        total += masked.sum()
-        position_sum[first:] += masked.sum(0)
-        position_count[first:] += scored.sum(0)
-        if documents is not None:
-            labels_at = torch.from_numpy(plan.starts[index])[:, None] + 1 + positions[None, first:]  # [b, n - first]
-            owner = documents[labels_at][scored]
-            document_sum += torch.bincount(owner, weights=losses[scored], minlength=num_documents)
-            document_count += torch.bincount(owner, minlength=num_documents).double()
+        sums.add(losses, torch.from_numpy(plan.score_from[index]), torch.from_numpy(plan.starts[index]), first)
         if on_windows is not None:
             on_windows(len(index))
         bar.update(len(index))
-        bar.set_postfix(loss=f"{(total / position_count.sum().clamp(min=1)).item():.4f}")
+        bar.set_postfix(loss=f"{sums.mean():.4f}")
     bar.close()
-    scored_tokens = int(position_count.sum().item())
-    loss = (total / max(scored_tokens, 1)).item()
-    per_position_loss = None
-    if per_position:
-        means = (position_sum / position_count.clamp(min=1)).tolist()
-        per_position_loss = [m if c > 0 else None for m, c in zip(means, position_count.tolist())]
+    loss = sums.mean()
     return LengthResult(
         length=plan.length,
         input_length=n,
         loss=loss,
         ppl=math.exp(loss) if loss < 700 else math.inf,
         num_windows=plan.num_windows,
-        scored_tokens=scored_tokens,
+        scored_tokens=int(sums.position_count.sum().item()),
         batch_size=batch_size,
         seconds=time.perf_counter() - start_time,
-        per_position_loss=per_position_loss,
-        per_document=None if documents is None else per_document_table(document_sum, document_count),
+        per_position_loss=sums.per_position() if per_position else None,
+        per_document=None if sums.documents is None else per_document_table(sums.document_sum, sums.document_count),
     )
 
 
