@@ -20,7 +20,7 @@ import torch
 
 from kerple.analysis import align_temperature, attention_stats, nope_variance, position_probe, receptive_field, retrieval
 from kerple.analysis.common import (
-    add_model_arguments, analysis_config, check_lengths, device_of, load_model, parse_lengths, png_beside,
+    add_model_arguments, analysis_config, check_lengths, checkpoint_folder, device_of, load_model, parse_lengths, png_beside,
     sample_windows, save_figure, temperature_at, write_json,
 )
 from kerple.analysis.errors import AnalysisError
@@ -43,6 +43,8 @@ def outputs(args: argparse.Namespace, doc: dict[str, Any], figure: Any) -> None:
 def run_receptive_field(args: argparse.Namespace) -> None:
     cfg = analysis_config(args.configs, attention_impl="eager")  # a backward on every device
     check_lengths(cfg, [args.length])
+    for load in args.load or [None]:
+        checkpoint_folder(cfg, load)  # every folder exists before any work
     windows = sample_windows(cfg, args.length + 1, args.num_sequences, args.seed)
     runs = {}
     for index, load in enumerate(args.load or [None]):
@@ -152,6 +154,8 @@ def run_nope_variance(args: argparse.Namespace) -> None:
     check_lengths(cfg, [args.length])
     if not 0.0 < args.sigma:
         raise AnalysisError(f"--sigma {args.sigma}: the weights' standard deviation must be positive")
+    if args.load:
+        checkpoint_folder(cfg, single_load(args))
     torch.manual_seed(args.seed)
     random_model = build_model(cfg, flex_compile=False).to(device_of(args)).eval()
     measured = nope_variance.random_model_variance(random_model, args.length, args.sigma, args.samples,

@@ -42,15 +42,21 @@ def analysis_config(words: list[str], **overrides: Any) -> Any:
     return load_config(yamls, merged)
 
 
-def load_model(cfg: Any, load: str | None, args: argparse.Namespace) -> tuple[torch.nn.Module, str, int]:
-    """The trained model of ``cfg`` from ``load`` in eval mode on ``args.device``; refuses a missing checkpoint."""
-    from kerple.evaluation.cli import load_trained_model
-
+def checkpoint_folder(cfg: Any, load: str | None) -> str:
+    """``load``, else the config's ``load``/``save``; refuses (``AnalysisError``) when it is not a folder."""
     folder = load or cfg.checkpointing.load or cfg.checkpointing.save
     if not folder or not Path(folder).is_dir():
         raise AnalysisError(f"no checkpoint: {'--load ' + str(folder) if folder else '--load'} is not a folder; "
                             "pass --load DIR holding a trained run (its 'latest' file and global_stepN/)")
-    model, folder, iteration = load_trained_model(cfg, folder, args.iteration, trust=args.trust_checkpoint)
+    return str(folder)
+
+
+def load_model(cfg: Any, load: str | None, args: argparse.Namespace) -> tuple[torch.nn.Module, str, int]:
+    """The trained model of ``cfg`` from ``load`` in eval mode on ``args.device``; refuses a missing checkpoint."""
+    from kerple.evaluation.cli import load_trained_model
+
+    model, folder, iteration = load_trained_model(cfg, checkpoint_folder(cfg, load), args.iteration,
+                                                  trust=args.trust_checkpoint)
     return model.to(device_of(args)).eval(), folder, iteration
 
 

@@ -49,8 +49,10 @@ def variance_by_position(outputs: Callable[[int], torch.Tensor], samples: int, p
 
 @torch.no_grad()
 def random_model_variance(model: torch.nn.Module, length: int, sigma: float, samples: int = 500,
-                          batch_size: int = 50, seed: int = 0, progress: bool = True) -> list[float]:
-    """Fig. 2.4's simulation: fresh ``N(0, σ²)`` attention weights (zero biases) and random tokens per draw."""
+                          batch_size: int = 10, seed: int = 0, progress: bool = True) -> list[float]:
+    """Fig. 2.4's simulation: every draw has fresh ``N(0, σ²)`` attention weights (zero biases),
+    fresh ``N(0, 1)`` word embeddings, and distinct tokens within a sequence (a repeated token
+    would repeat its value vector and raise the variance above the lemma's independent inputs)."""
     generator = torch.Generator().manual_seed(seed)
     attention = model.layers[0].attention
     device = model.lm_head_weight.device
@@ -59,7 +61,12 @@ def random_model_variance(model: torch.nn.Module, length: int, sigma: float, sam
         for linear in (attention.query_key_value, attention.dense):
             linear.weight.copy_(torch.randn(linear.weight.shape, generator=generator) * sigma)
             linear.bias.zero_()
-        tokens = torch.randint(0, model.vocab_size, (batch_size, length), generator=generator)
+        words = model.embedding.word_embeddings.weight
+        words.copy_(torch.randn(words.shape, generator=generator))
+        if model.vocab_size >= length:
+            tokens = torch.stack([torch.randperm(model.vocab_size, generator=generator)[:length] for _ in range(batch_size)])
+        else:
+            tokens = torch.randint(0, model.vocab_size, (batch_size, length), generator=generator)
         return first_attention_output(model, tokens.to(device))
 
     return variance_by_position(draw, samples, progress, "NoPE variance (random model)")
