@@ -64,10 +64,10 @@ def run_attention_stats(args: argparse.Namespace) -> None:
     cfg = analysis_config(args.configs)
     lengths = parse_lengths(args.lengths)
     check_lengths(cfg, lengths)
+    taus = [temperature_at(args.temperature, length, cfg.model.seq_length) for length in lengths]
     model, folder, iteration = load_model(cfg, single_load(args), args)
     rows = []
-    for length in lengths:
-        tau = temperature_at(args.temperature, length, cfg.model.seq_length)
+    for length, tau in zip(lengths, taus):
         windows = sample_windows(cfg, length, args.num_sequences, args.seed)
         rows.append(attention_stats.attention_statistics(model, windows, tau, progress=not args.no_progress))
         print(f"L={length} τ={tau:.3f}: P_max {rows[-1]['mean_pmax']:.4f}  entropy {rows[-1]['mean_entropy']:.4f}",
