@@ -1,0 +1,182 @@
+"""`make analysis-demo`: why the demo's models extrapolate, with ``analyze.py`` (thesis §2.3, §4.5, ch. 5).
+
+On the checkpoints of ``make demo`` (``runs/demo/<pos_emb>/``), at 8x the train length unless told:
+
+1. ``receptive-field`` for every embedding: the empirical receptive field beside its perplexity (§4.5.1);
+2. ``align-temperature`` (both modes) for KERPLE-log, ALiBi and T5: P_max and entropy at 1x and 8x
+   and the temperature of Algorithm 1;
+3. ``retrieval`` (passkey) for the same models without a temperature, with ``log`` (§5.5) and with
+   the P_max-aligned temperature;
+4. ``nope-variance`` of a random NoPE model against Lemma 2.3 (§2.3).
+
+Outputs under ``results/analysis/``: each command's JSON and PNG, ``receptive_field.png`` (all
+embeddings in one plot) and ``summary.md``/``summary.json`` (the numbers of the README section).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kerple.analysis.errors import AnalysisError  # noqa: E402
+from kerple.errors import entry_point  # noqa: E402
+
+ALIGNED = ("kerple_log", "alibi", "rpe")
+
+
+def demo_module() -> Any:
+    """``tools/demo.py``, for its embeddings, defaults and per-run config arguments."""
+    spec = importlib.util.spec_from_file_location("kerple_demo", ROOT / "tools" / "demo.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--factor", type=int, default=8, help="analysis length = factor x train length")
+    parser.add_argument("--num-sequences", type=int, default=8, help="held-out sequences per measurement")
+    parser.add_argument("--num-samples", type=int, default=4, help="passkey prompts per length and depth")
+    parser.add_argument("--results", default="results/analysis")
+    return parser.parse_args(argv)
+
+
+def demo_setup(demo: Any) -> tuple[argparse.Namespace, Any, list[str]]:
+    """The demo's defaults, its prepared data and the embeddings with a finished checkpoint;
+    refuses (``AnalysisError``) when ``make demo`` has not run."""
+    args = demo.parse_args([])
+    info_file = ROOT / args.data_dir / "stdlib" / "stdlib_text_document.info.json"
+    names = [n for n in demo.POS_EMBS if demo.finished(ROOT / args.runs / n, args.steps)]
+    if not info_file.is_file() or not names:
+        raise AnalysisError(f"no demo checkpoints under {args.runs}/<pos_emb>/ (or no data in {args.data_dir}); "
+                            "run `make demo` first")
+    info = json.loads(info_file.read_text())
+    from tokenizers import Tokenizer
+
+    vocab_file = info["tokenizer"]["vocab_file"]
+    data = demo.DemoData(prefix=str(info_file.parent / "stdlib_text_document"), split=info["split"],
+                         tokenizer_file=vocab_file, vocab_size=Tokenizer.from_file(vocab_file).get_vocab_size(),
+                         valid_tokens=int(info["parts"]["valid"]["tokens"]))
+    return args, data, names
+
+
+def analyze(command: list[str]) -> None:
+    """One ``analyze.py`` run as a user types it (progress bars off; the error, if any, shown)."""
+    print("$ python analyze.py " + " ".join(command[:2]) + " ... " + " ".join(command[-2:]), flush=True)
+    done = subprocess.run([sys.executable, "analyze.py", *command, "--no-progress"], cwd=ROOT,
+                          capture_output=True, text=True)
+    lines = [line for line in done.stderr.splitlines() if " -> " not in line]
+    for line in lines[-4:]:
+        print("  " + line)
+    if done.returncode != 0:
+        raise AnalysisError(f"analyze.py {command[0]} failed (exit {done.returncode}): {lines[-1] if lines else ''}")
+
+
+def perplexities(results_dir: Path, name: str) -> dict[int, float]:
+    """Perplexity by length from ``make demo``'s ``results/demo/<name>.json`` (empty if absent)."""
+    path = results_dir / f"{name}.json"
+    if not path.is_file():
+        return {}
+    return {row["length"]: row["ppl"] for row in json.loads(path.read_text())["results"]}
+
+
+def summary_table(summary: dict[str, Any], train_length: int, length: int) -> str:
+    """The Markdown tables of the README section."""
+    lines = [f"Empirical receptive field at L = {length} (train length {train_length}) beside the demo's perplexity:",
+             "", f"| embedding | ERF (tokens) | gradient share in the last {train_length} | ppl @ {train_length} | "
+             f"ppl @ {length} |", "|---|---:|---:|---:|---:|"]
+    for name, row in summary["receptive_field"].items():
+        ppl = row["ppl"]
+        lines.append(f"| {name} | {row['erf']} | {row['share_in_train_length']:.3f} | "
+                     f"{ppl.get(str(train_length), float('nan')):.1f} | "
+                     f"{ppl.get(str(length), float('nan')):.1f} |")
+    lines += ["", f"Attention sharpness (mean over layers, heads and rows) and Algorithm 1's τ, {length // train_length}x:",
+              "", f"| embedding | P_max @ {train_length} | P_max @ {length} | entropy @ {train_length} | "
+              f"entropy @ {length} | τ (P_max) | τ (entropy) | log_L(L_tr) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, row in summary["alignment"].items():
+        lines.append(f"| {name} | {row['pmax_train']:.4f} | {row['pmax_long']:.4f} | {row['entropy_train']:.3f} | "
+                     f"{row['entropy_long']:.3f} | {row['tau_pmax']:g} | {row['tau_entropy']:g} | {row['tau_log']:.3f} |")
+    lines += ["", "Passkey accuracy (all depths) by length and temperature:", ""]
+    for name, runs in summary["passkey"].items():
+        for setting, accuracy in runs.items():
+            lines.append(f"- {name}, τ = {setting}: " + ", ".join(f"L={k}: {v:.2f}" for k, v in accuracy.items()))
+    nope = summary["nope_variance"]
+    lines += ["", f"NoPE variance of a random model (d = {nope['hidden_size']}, σ = {nope['sigma']}): "
+              f"measured / Lemma 2.3 at m = 1, {nope['length'] // 8}, {nope['length']}: "
+              + ", ".join(f"{r:.3f}" for r in nope["ratios"])]
+    return "\n".join(lines) + "\n"
+
+
+@entry_point("analysis_demo.py")
+def main(argv: list[str] | None = None) -> int:
+    options = parse_args(argv)
+    started = time.perf_counter()
+    demo = demo_module()
+    args, data, names = demo_setup(demo)
+    out = ROOT / options.results
+    train_length, length = args.train_length, args.train_length * options.factor
+    common = {name: demo.config_args(name, args, data) for name in names}
+    os.environ.setdefault("OMP_NUM_THREADS", "2")
+    summary: dict[str, Any] = {"train_length": train_length, "length": length, "receptive_field": {},
+                               "alignment": {}, "passkey": {}}
+    runs = {}
+    for name in names:
+        output = out / f"receptive_field_{name}.json"
+        analyze(["receptive-field", *common[name], "--length", str(length), "--num-sequences",
+                 str(options.num_sequences), "--labels", name, "--output", str(output)])
+        runs[name] = json.loads(output.read_text())["runs"][name]
+        summary["receptive_field"][name] = {"erf": runs[name]["erf"],
+                                            "share_in_train_length": runs[name]["cumulative"][train_length - 1], "ppl": {
+            str(k): v for k, v in perplexities(ROOT / args.results, name).items()}}
+    from kerple.analysis.common import save_figure
+    from kerple.analysis.receptive_field import plot_receptive_fields
+
+    save_figure(plot_receptive_fields(runs, train_length, f"Demo models: cumulative normalized gradient, L = {length}"),
+                out / "receptive_field.png")
+    for name in [n for n in ALIGNED if n in names]:
+        output = out / f"align_{name}.json"
+        analyze(["align-temperature", *common[name], "--length", str(length), "--mode", "both",
+                 "--num-sequences", str(max(1, options.num_sequences // 2)), "--output", str(output)])
+        doc = json.loads(output.read_text())
+        pmax, entropy = doc["modes"]["pmax"], doc["modes"]["entropy"]
+        summary["alignment"][name] = {
+            "pmax_train": pmax["target"], "pmax_long": pmax["grid"]["1"], "entropy_train": entropy["target"],
+            "entropy_long": entropy["grid"]["1"], "tau_pmax": pmax["temperature"],
+            "tau_entropy": entropy["temperature"], "tau_log": doc["log_baseline"]}
+        output = out / f"passkey_{name}.json"
+        lengths = ",".join(str(n) for n in (128, 256, 512, 1024) if n <= length)
+        analyze(["retrieval", *common[name], "--task", "passkey", "--lengths", lengths, "--depths", "0,0.5,1",
+                 "--num-samples", str(options.num_samples), "--temperatures", f"1,log,{pmax['temperature']:g}",
+                 "--output", str(output)])
+        summary["passkey"][name] = json.loads(output.read_text())["accuracy"]
+    nope_args = [*demo.config_args(names[0], args, data)]
+    nope_args[1] = "configs/pe/none.yml"  # a random NoPE model of the demo's size
+    output = out / "nope_variance.json"
+    analyze(["nope-variance", *nope_args, "--length", str(length), "--samples", "500", "--output", str(output)])
+    nope = json.loads(output.read_text())
+    summary["nope_variance"] = {"hidden_size": nope["hidden_size"], "sigma": nope["sigma"], "length": length,
+                                "ratios": [nope["random_model"][m - 1] / nope["lemma"][m - 1]
+                                           for m in (1, length // 8, length)]}
+    from kerple.atomic import write_json_atomic, write_text_atomic
+
+    write_json_atomic(out / "summary.json", summary)
+    text = summary_table(summary, train_length, length)
+    write_text_atomic(out / "summary.md", text)
+    print("\n" + text)
+    print(f"wrote {options.results}/ in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
