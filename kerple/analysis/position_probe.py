@@ -31,7 +31,7 @@ def hidden_states_by_layer(model: torch.nn.Module, windows: torch.Tensor) -> lis
     return [torch.cat(parts) for parts in captured]
 
 
-def fit_probe(features: torch.Tensor, targets: torch.Tensor, kind: str, steps: int = 300, seed: int = 0) -> torch.nn.Module:
+def fit_probe(features: torch.Tensor, targets: torch.Tensor, kind: str, steps: int = 1000, seed: int = 0) -> torch.nn.Module:
     """A probe ``[n, h] -> [n]``: least squares (``linear``) or a one-hidden-layer MLP trained with Adam."""
     torch.manual_seed(seed)
     mean, std = features.mean(0), features.std(0) + 1e-6
@@ -41,12 +41,13 @@ def fit_probe(features: torch.Tensor, targets: torch.Tensor, kind: str, steps: i
         probe = torch.nn.Linear(features.shape[1], 1)
         probe.weight.data, probe.bias.data = solution[:-1].T.clone(), solution[-1].clone()
     else:
-        probe = torch.nn.Sequential(torch.nn.Linear(features.shape[1], 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
-        optimizer = torch.optim.Adam(probe.parameters(), lr=3e-3)
+        probe = torch.nn.Sequential(torch.nn.Linear(features.shape[1], 128), torch.nn.GELU(), torch.nn.Linear(128, 1))
+        optimizer = torch.optim.Adam(probe.parameters(), lr=1e-3)
         scale = float(targets.max()) or 1.0
-        for _ in range(steps):
+        inputs = (features - mean) / std
+        for _ in range(steps):  # full-batch: the probes' training sets are small
             optimizer.zero_grad()
-            loss = (probe((features - mean) / std).squeeze(-1) * scale - targets).abs().mean()
+            loss = torch.nn.functional.mse_loss(probe(inputs).squeeze(-1), targets / scale)
             loss.backward()
             optimizer.step()
         probe = _Rescaled(probe, scale)

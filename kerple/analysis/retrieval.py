@@ -150,7 +150,7 @@ def plot_heatmaps(runs: dict[str, dict[str, Any]], title: str) -> Any:
         axis.set_xticks(range(len(lengths)), lengths)
         axis.set_yticks(range(len(depths)), depths)
         axis.set_xlabel("length")
-        axis.set_ylabel("needle depth")
+        axis.set_ylabel("needle depth" if axis is axes[0][0] else "")
         axis.set_title(f"τ = {label}", fontsize=9)
     figure.colorbar(image, ax=axes[0].tolist(), label="accuracy")
     figure.suptitle(title)
