@@ -49,13 +49,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-sequences", type=int, default=8, help="held-out sequences per measurement")
     parser.add_argument("--num-samples", type=int, default=4, help="passkey prompts per length and depth")
     parser.add_argument("--results", default="results/analysis")
+    parser.add_argument("--runs", help="the demo's checkpoints (default: make demo's runs/demo)")
     return parser.parse_args(argv)
 
 
-def demo_setup(demo: Any) -> tuple[argparse.Namespace, Any, list[str]]:
+def demo_setup(demo: Any, runs: str | None) -> tuple[argparse.Namespace, Any, list[str]]:
     """The demo's defaults, its prepared data and the embeddings with a finished checkpoint;
     refuses (``AnalysisError``) when ``make demo`` has not run."""
-    args = demo.parse_args([])
+    args = demo.parse_args([] if runs is None else ["--runs", runs])
     info_file = ROOT / args.data_dir / "stdlib" / "stdlib_text_document.info.json"
     names = [n for n in demo.POS_EMBS if demo.finished(ROOT / args.runs / n, args.steps)]
     if not info_file.is_file() or not names:
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     options = parse_args(argv)
     started = time.perf_counter()
     demo = demo_module()
-    args, data, names = demo_setup(demo)
+    args, data, names = demo_setup(demo, options.runs)
     out = ROOT / options.results
     train_length, length = args.train_length, args.train_length * options.factor
     common = {name: demo.config_args(name, args, data) for name in names}
