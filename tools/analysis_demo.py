@@ -102,12 +102,15 @@ def summary_table(summary: dict[str, Any], train_length: int, length: int) -> st
         lines.append(f"| {name} | {row['erf']} | {row['share_in_train_length']:.3f} | "
                      f"{ppl.get(str(train_length), float('nan')):.1f} | "
                      f"{ppl.get(str(length), float('nan')):.1f} |")
-    lines += ["", f"Attention sharpness (mean over layers, heads and rows) and Algorithm 1's τ, {length // train_length}x:",
+    factor = length // train_length
+    lines += ["", f"Attention sharpness (mean over layers, heads and rows) and Algorithm 1's τ, {factor}x:",
               "", f"| embedding | P_max @ {train_length} | P_max @ {length} | entropy @ {train_length} | "
-              f"entropy @ {length} | τ (P_max) | τ (entropy) | log_L(L_tr) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+              f"entropy @ {length} | τ (P_max) | τ (entropy) | log_L(L_tr) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, row in summary["alignment"].items():
         lines.append(f"| {name} | {row['pmax_train']:.4f} | {row['pmax_long']:.4f} | {row['entropy_train']:.3f} | "
-                     f"{row['entropy_long']:.3f} | {row['tau_pmax']:g} | {row['tau_entropy']:g} | {row['tau_log']:.3f} |")
+                     f"{row['entropy_long']:.3f} | {row['tau_pmax']:g} | {row['tau_entropy']:g} | "
+                     f"{row['tau_log']:.3f} |")
     lines += ["", "Passkey accuracy (all depths) by length and temperature:", ""]
     for name, runs in summary["passkey"].items():
         for setting, accuracy in runs.items():
@@ -119,60 +122,76 @@ def summary_table(summary: dict[str, Any], train_length: int, length: int) -> st
     return "\n".join(lines) + "\n"
 
 
+def receptive_fields(common: dict[str, list[str]], options: argparse.Namespace, args: argparse.Namespace,
+                     out: Path, length: int) -> dict[str, Any]:
+    """``receptive-field`` for every embedding, one plot of all; ERF, share within the train length, ppl."""
+    from kerple.analysis.common import save_figure
+    from kerple.analysis.receptive_field import plot_receptive_fields
+
+    runs, summary = {}, {}
+    for name, words in common.items():
+        output = out / f"receptive_field_{name}.json"
+        analyze(["receptive-field", *words, "--length", str(length), "--num-sequences",
+                 str(options.num_sequences), "--labels", name, "--output", str(output)])
+        runs[name] = json.loads(output.read_text())["runs"][name]
+        ppl = {str(k): v for k, v in perplexities(ROOT / args.results, name).items()}
+        share = runs[name]["cumulative"][args.train_length - 1]
+        summary[name] = {"erf": runs[name]["erf"], "share_in_train_length": share, "ppl": ppl}
+    title = f"Demo models: cumulative normalized gradient, L = {length}"
+    save_figure(plot_receptive_fields(runs, args.train_length, title), out / "receptive_field.png")
+    return summary
+
+
+def alignment_and_passkey(name: str, words: list[str], options: argparse.Namespace, out: Path,
+                          length: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``align-temperature`` (both modes), then passkey retrieval with τ = 1, log and the P_max τ."""
+    output = out / f"align_{name}.json"
+    analyze(["align-temperature", *words, "--length", str(length), "--mode", "both",
+             "--num-sequences", str(max(1, options.num_sequences // 2)), "--output", str(output)])
+    doc = json.loads(output.read_text())
+    pmax, entropy = doc["modes"]["pmax"], doc["modes"]["entropy"]
+    alignment = {"pmax_train": pmax["target"], "pmax_long": pmax["grid"]["1"], "entropy_train": entropy["target"],
+                 "entropy_long": entropy["grid"]["1"], "tau_pmax": pmax["temperature"],
+                 "tau_entropy": entropy["temperature"], "tau_log": doc["log_baseline"]}
+    output = out / f"passkey_{name}.json"
+    lengths = ",".join(str(n) for n in (128, 256, 512, 1024) if n <= length)
+    analyze(["retrieval", *words, "--task", "passkey", "--lengths", lengths, "--depths", "0,0.5,1",
+             "--num-samples", str(options.num_samples), "--temperatures", f"1,log,{pmax['temperature']:g}",
+             "--output", str(output)])
+    return alignment, json.loads(output.read_text())["accuracy"]
+
+
+def nope_variance(words: list[str], out: Path, length: int) -> dict[str, Any]:
+    """``nope-variance`` of a random NoPE model of the demo's size; measured / lemma at three positions."""
+    words = [*words]
+    words[1] = "configs/pe/none.yml"
+    output = out / "nope_variance.json"
+    analyze(["nope-variance", *words, "--length", str(length), "--samples", "500", "--output", str(output)])
+    nope = json.loads(output.read_text())
+    return {"hidden_size": nope["hidden_size"], "sigma": nope["sigma"], "length": length,
+            "ratios": [nope["random_model"][m - 1] / nope["lemma"][m - 1] for m in (1, length // 8, length)]}
+
+
 @entry_point("analysis_demo.py")
 def main(argv: list[str] | None = None) -> int:
+    from kerple.atomic import write_json_atomic, write_text_atomic
+
     options = parse_args(argv)
     started = time.perf_counter()
     demo = demo_module()
     args, data, names = demo_setup(demo, options.runs)
     out = ROOT / options.results
-    train_length, length = args.train_length, args.train_length * options.factor
+    length = args.train_length * options.factor
     common = {name: demo.config_args(name, args, data) for name in names}
     os.environ.setdefault("OMP_NUM_THREADS", "2")
-    summary: dict[str, Any] = {"train_length": train_length, "length": length, "receptive_field": {},
-                               "alignment": {}, "passkey": {}}
-    runs = {}
-    for name in names:
-        output = out / f"receptive_field_{name}.json"
-        analyze(["receptive-field", *common[name], "--length", str(length), "--num-sequences",
-                 str(options.num_sequences), "--labels", name, "--output", str(output)])
-        runs[name] = json.loads(output.read_text())["runs"][name]
-        summary["receptive_field"][name] = {"erf": runs[name]["erf"],
-                                            "share_in_train_length": runs[name]["cumulative"][train_length - 1], "ppl": {
-            str(k): v for k, v in perplexities(ROOT / args.results, name).items()}}
-    from kerple.analysis.common import save_figure
-    from kerple.analysis.receptive_field import plot_receptive_fields
-
-    save_figure(plot_receptive_fields(runs, train_length, f"Demo models: cumulative normalized gradient, L = {length}"),
-                out / "receptive_field.png")
+    summary: dict[str, Any] = {"train_length": args.train_length, "length": length, "alignment": {}, "passkey": {},
+                               "receptive_field": receptive_fields(common, options, args, out, length)}
     for name in [n for n in ALIGNED if n in names]:
-        output = out / f"align_{name}.json"
-        analyze(["align-temperature", *common[name], "--length", str(length), "--mode", "both",
-                 "--num-sequences", str(max(1, options.num_sequences // 2)), "--output", str(output)])
-        doc = json.loads(output.read_text())
-        pmax, entropy = doc["modes"]["pmax"], doc["modes"]["entropy"]
-        summary["alignment"][name] = {
-            "pmax_train": pmax["target"], "pmax_long": pmax["grid"]["1"], "entropy_train": entropy["target"],
-            "entropy_long": entropy["grid"]["1"], "tau_pmax": pmax["temperature"],
-            "tau_entropy": entropy["temperature"], "tau_log": doc["log_baseline"]}
-        output = out / f"passkey_{name}.json"
-        lengths = ",".join(str(n) for n in (128, 256, 512, 1024) if n <= length)
-        analyze(["retrieval", *common[name], "--task", "passkey", "--lengths", lengths, "--depths", "0,0.5,1",
-                 "--num-samples", str(options.num_samples), "--temperatures", f"1,log,{pmax['temperature']:g}",
-                 "--output", str(output)])
-        summary["passkey"][name] = json.loads(output.read_text())["accuracy"]
-    nope_args = [*demo.config_args(names[0], args, data)]
-    nope_args[1] = "configs/pe/none.yml"  # a random NoPE model of the demo's size
-    output = out / "nope_variance.json"
-    analyze(["nope-variance", *nope_args, "--length", str(length), "--samples", "500", "--output", str(output)])
-    nope = json.loads(output.read_text())
-    summary["nope_variance"] = {"hidden_size": nope["hidden_size"], "sigma": nope["sigma"], "length": length,
-                                "ratios": [nope["random_model"][m - 1] / nope["lemma"][m - 1]
-                                           for m in (1, length // 8, length)]}
-    from kerple.atomic import write_json_atomic, write_text_atomic
-
+        summary["alignment"][name], summary["passkey"][name] = alignment_and_passkey(
+            name, common[name], options, out, length)
+    summary["nope_variance"] = nope_variance(common[names[0]], out, length)
     write_json_atomic(out / "summary.json", summary)
-    text = summary_table(summary, train_length, length)
+    text = summary_table(summary, args.train_length, length)
     write_text_atomic(out / "summary.md", text)
     print("\n" + text)
     print(f"wrote {options.results}/ in {time.perf_counter() - started:.0f} s")

@@ -46,7 +46,8 @@ def plot_alignment(results: dict[str, dict[str, Any]], title: str) -> Any:
         taus = [float(tau) for tau in result["grid"]]
         axis.plot(taus, list(result["grid"].values()), marker="o", label="extrapolation length")
         axis.axhline(result["target"], color="black", linestyle="--", linewidth=1, label="train length, τ = 1")
-        axis.axvline(result["temperature"], color="tab:red", linestyle=":", label=f"chosen τ = {result['temperature']:g}")
+        chosen = result["temperature"]
+        axis.axvline(chosen, color="tab:red", linestyle=":", label=f"chosen τ = {chosen:g}")
         axis.set_xlabel("τ")
         axis.set_ylabel("mean P_max" if mode == "pmax" else "mean entropy (nats)")
         axis.invert_xaxis()

@@ -24,7 +24,8 @@ def row_statistics(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return probs.amax(dim=-1), -torch.special.xlogy(probs, probs).sum(dim=-1)
 
 
-def block_logits(query: torch.Tensor, key: torch.Tensor, context: AttentionContext, first: int, last: int) -> torch.Tensor:
+def block_logits(query: torch.Tensor, key: torch.Tensor, context: AttentionContext, first: int,
+                 last: int) -> torch.Tensor:
     """Logits of query rows ``first:last`` ``[b, H, rows, k]`` in fp32, ``-inf`` where a key is not visible.
 
     ``query`` is already divided by τ and ``context.bias_table`` too (as :class:`SelfAttention` does).

@@ -18,10 +18,12 @@ from typing import Any, Callable
 
 import torch
 
-from kerple.analysis import align_temperature, attention_stats, nope_variance, position_probe, receptive_field, retrieval
+from kerple.analysis import (
+    align_temperature, attention_stats, nope_variance, position_probe, receptive_field, retrieval,
+)
 from kerple.analysis.common import (
-    add_model_arguments, analysis_config, check_lengths, checkpoint_folder, device_of, load_model, parse_lengths, png_beside,
-    sample_windows, save_figure, temperature_at, write_json,
+    add_model_arguments, analysis_config, check_lengths, checkpoint_folder, device_of, load_model, parse_lengths,
+    png_beside, sample_windows, save_figure, temperature_at, write_json,
 )
 from kerple.analysis.errors import AnalysisError
 from kerple.errors import entry_point
@@ -54,7 +56,8 @@ def run_receptive_field(args: argparse.Namespace) -> None:
                        **receptive_field.receptive_field(model, windows, not args.no_progress)}
         print(f"{label}: ERF {runs[label]['erf']} of {args.length} tokens", file=sys.stderr)
     train_length = cfg.model.seq_length
-    figure = receptive_field.plot_receptive_fields(runs, train_length, f"Cumulative normalized gradient, L = {args.length}")
+    title = f"Cumulative normalized gradient, L = {args.length}"
+    figure = receptive_field.plot_receptive_fields(runs, train_length, title)
     first = next(iter(runs.values()))
     outputs(args, {"analysis": "receptive-field", "train_length": train_length, "configs": args.configs,
                    "cumulative": first["cumulative"], "erf": first["erf"], "runs": runs}, figure)
@@ -167,8 +170,8 @@ def run_nope_variance(args: argparse.Namespace) -> None:
     if args.load:
         model, folder, iteration = load_model(cfg, single_load(args), args)
         windows = sample_windows(cfg, args.length, args.num_sequences, args.seed)
-        doc["trained"] = {"load": folder, "iteration": iteration,
-                          "variance": nope_variance.trained_model_variance(model, windows, progress=not args.no_progress)}
+        variance = nope_variance.trained_model_variance(model, windows, progress=not args.no_progress)
+        doc["trained"] = {"load": folder, "iteration": iteration, "variance": variance}
         curves[f"checkpoint (step {iteration})"] = doc["trained"]["variance"]
     outputs(args, doc, nope_variance.plot_variance(curves, f"First-layer attention output ({cfg.positional.pos_emb})"))
 

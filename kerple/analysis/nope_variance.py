@@ -29,7 +29,8 @@ def first_attention_output(model: torch.nn.Module, tokens: torch.Tensor) -> torc
     return layer.attention(layer.input_layernorm(hidden), context)
 
 
-def variance_by_position(outputs: Callable[[int], torch.Tensor], samples: int, progress: bool, desc: str) -> list[float]:
+def variance_by_position(outputs: Callable[[int], torch.Tensor], samples: int, progress: bool,
+                         desc: str) -> list[float]:
     """Variance over samples of each coordinate of ``o_m``, averaged over coordinates: ``[s]``.
 
     ``outputs(i)`` returns the ``[b, s, h]`` outputs of draw ``i``; draws continue until ``samples`` rows.
@@ -64,7 +65,8 @@ def random_model_variance(model: torch.nn.Module, length: int, sigma: float, sam
         words = model.embedding.word_embeddings.weight
         words.copy_(torch.randn(words.shape, generator=generator))
         if model.vocab_size >= length:
-            tokens = torch.stack([torch.randperm(model.vocab_size, generator=generator)[:length] for _ in range(batch_size)])
+            tokens = torch.stack([torch.randperm(model.vocab_size, generator=generator)[:length]
+                                  for _ in range(batch_size)])
         else:
             tokens = torch.randint(0, model.vocab_size, (batch_size, length), generator=generator)
         return first_attention_output(model, tokens.to(device))

@@ -31,7 +31,8 @@ def hidden_states_by_layer(model: torch.nn.Module, windows: torch.Tensor) -> lis
     return [torch.cat(parts) for parts in captured]
 
 
-def fit_probe(features: torch.Tensor, targets: torch.Tensor, kind: str, steps: int = 1000, seed: int = 0) -> torch.nn.Module:
+def fit_probe(features: torch.Tensor, targets: torch.Tensor, kind: str, steps: int = 1000,
+              seed: int = 0) -> torch.nn.Module:
     """A probe ``[n, h] -> [n]``: least squares (``linear``) or a one-hidden-layer MLP trained with Adam."""
     torch.manual_seed(seed)
     mean, std = features.mean(0), features.std(0) + 1e-6
