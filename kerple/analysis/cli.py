@@ -42,8 +42,16 @@ def outputs(args: argparse.Namespace, doc: dict[str, Any], figure: Any) -> None:
     print(f"wrote {args.output} and {plot}")
 
 
+def gradient_kernel(model: torch.nn.Module, device: torch.device) -> str:
+    """An attention kernel with a backward for this embedding here: sdpa (no ``L×L`` scores kept
+    on CPU), else eager (a multiplicative logit scale)."""
+    from kerple.model.attention import unsupported_reason
+
+    return "sdpa" if unsupported_reason("sdpa", model.positional.kind, device.type, True) is None else "eager"
+
+
 def run_receptive_field(args: argparse.Namespace) -> None:
-    cfg = analysis_config(args.configs, attention_impl="eager")  # a backward on every device
+    cfg = analysis_config(args.configs)
     check_lengths(cfg, [args.length])
     for load in args.load or [None]:
         checkpoint_folder(cfg, load)  # every folder exists before any work
@@ -51,6 +59,7 @@ def run_receptive_field(args: argparse.Namespace) -> None:
     runs = {}
     for index, load in enumerate(args.load or [None]):
         model, folder, iteration = load_model(cfg, load, args)
+        model.set_attention(gradient_kernel(model, device_of(args)))
         label = args.labels.split(",")[index] if args.labels else folder
         runs[label] = {"load": folder, "iteration": iteration,
                        **receptive_field.receptive_field(model, windows, not args.no_progress)}
@@ -115,6 +124,22 @@ def run_align_temperature(args: argparse.Namespace) -> None:
     outputs(args, doc, figure)
 
 
+class TemperedModel:
+    """``model`` with the temperature of ``setting`` at each prompt's length, set when a prompt is
+    read (a forward without a cache, or the first one into an empty cache)."""
+
+    def __init__(self, model: torch.nn.Module, setting: str, train_length: int) -> None:
+        self.model, self.setting, self.train_length = model, setting, train_length
+
+    def new_cache(self) -> Any:
+        return self.model.new_cache()
+
+    def __call__(self, tokens: torch.Tensor, cache: Any = None) -> torch.Tensor:
+        if cache is None or cache.position == 0:
+            self.model.set_temperature(temperature_at(self.setting, tokens.shape[1], self.train_length))
+        return self.model(tokens, cache=cache)
+
+
 def run_retrieval(args: argparse.Namespace) -> None:
     from kerple.data.tokenizers import build_tokenizer
 
@@ -134,11 +159,8 @@ def run_retrieval(args: argparse.Namespace) -> None:
     device = device_of(args)
     runs = {}
     for setting in settings:
-        def forward(tokens: torch.Tensor, setting: str = setting) -> torch.Tensor:
-            model.set_temperature(temperature_at(setting, tokens.shape[1], cfg.model.seq_length))
-            return model(tokens)
-
-        runs[setting] = retrieval.accuracy(forward, prompts, device, tokenizer.vocab_size, not args.no_progress,
+        tempered = TemperedModel(model, setting, cfg.model.seq_length)
+        runs[setting] = retrieval.accuracy(tempered, prompts, device, tokenizer.vocab_size, not args.no_progress,
                                            desc=f"{args.task} τ={setting}")
         print(f"τ={setting}: " + "  ".join(f"L={k}: {v:.2f}" for k, v in runs[setting]["accuracy"].items()),
               file=sys.stderr)

@@ -108,21 +108,29 @@ def build_prompts(task: str, encode: Encode, lengths: Sequence[int], depths: Seq
 
 
 @torch.no_grad()
-def greedy_answer(model: Callable[[torch.Tensor], torch.Tensor], prompt: Prompt, device: torch.device,
+def greedy_answer(model: Callable[..., torch.Tensor], prompt: Prompt, device: torch.device,
                   vocab_limit: int | None = None) -> list[int]:
-    """Greedy decoding of ``len(prompt.answer)`` tokens after the prompt (full forward each step)."""
+    """Greedy decoding of ``len(prompt.answer)`` tokens after the prompt.
+
+    A model with ``new_cache()`` (:class:`~kerple.model.GPTModel`) reads the prompt once and then
+    one token per step through its KV cache (no new kernel shape per step); any other
+    ``tokens [1, s] -> logits [1, s, V]`` callable gets the whole sequence at every step.
+    """
     tokens = torch.tensor([prompt.tokens], dtype=torch.long, device=device)
+    cache = model.new_cache() if hasattr(model, "new_cache") else None
     generated: list[int] = []
+    step_input = tokens
     for _ in prompt.answer:
-        logits = model(tokens)[0, -1]
+        logits = (model(step_input) if cache is None else model(step_input, cache=cache))[0, -1]
         if vocab_limit is not None:
             logits = logits[:vocab_limit]
         generated.append(int(logits.argmax()))
-        tokens = torch.cat([tokens, tokens.new_tensor([[generated[-1]]])], dim=1)
+        following = tokens.new_tensor([[generated[-1]]])
+        step_input = torch.cat([step_input, following], dim=1) if cache is None else following
     return generated
 
 
-def accuracy(model: Callable[[torch.Tensor], torch.Tensor], prompts: list[tuple[int, Prompt]], device: torch.device,
+def accuracy(model: Callable[..., torch.Tensor], prompts: list[tuple[int, Prompt]], device: torch.device,
              vocab_limit: int | None = None, progress: bool = True, desc: str = "retrieval") -> dict[str, Any]:
     """Exact-match accuracy per length and per (length, depth)."""
     hits: dict[int, dict[float, list[int]]] = {}

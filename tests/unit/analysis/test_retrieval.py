@@ -84,3 +84,16 @@ def test_a_copying_model_scores_one_and_a_blind_model_zero() -> None:
 def test_too_short_a_length_is_refused() -> None:
     with pytest.raises(AnalysisError, match="cannot hold a passkey prompt"):
         build_prompts("passkey", encode, [100], [0.5], num_samples=1, seed=0)
+
+
+def test_cached_decoding_of_a_model_equals_full_forwards() -> None:
+    """A GPTModel decodes through its KV cache; the answer equals decoding with whole-sequence forwards."""
+    from tests.unit.model.model_helpers import VOCAB as MODEL_VOCAB, tiny_model
+
+    from kerple.analysis.retrieval import Prompt, greedy_answer
+
+    model = tiny_model("alibi", init_method_std=0.3).eval()
+    prompt = Prompt(tokens=list(range(5, 45)), answer=[1, 2, 3, 4, 5], key="", depth=0.0, needle_start=0)
+    cached = greedy_answer(model, prompt, torch.device("cpu"))
+    full = greedy_answer(lambda tokens: model(tokens), prompt, torch.device("cpu"))
+    assert cached == full and all(0 <= t < MODEL_VOCAB for t in cached)
