@@ -57,3 +57,22 @@ def test_attention_stats_and_alignment(setup: tuple[list[str], Path]) -> None:
 def test_position_probe(setup: tuple[list[str], Path]) -> None:
     doc = run(setup, "position-probe", "--length", "8", "--num-sequences", "8")
     assert len(doc["mae"]) == 3 and all(error >= 0 for error in doc["mae"])
+
+
+def test_evaluate_with_the_log_temperature(setup: tuple[list[str], Path]) -> None:
+    """``--softmax-temperature log``: τ = 1 within the train length (same perplexity), log_L 8 beyond."""
+    from kerple.evaluation import cli as evaluate_cli
+
+    words, folder = setup
+    results = {}
+    for setting in ("1", "log"):
+        output = folder / f"eval-{setting}.json"
+        argv = [*words, "--eval-lengths", "8,32", "--num-windows", "4", "--softmax-temperature", setting,
+                "--output", str(output)]
+        assert evaluate_cli.main(argv) == 0
+        results[setting] = json.loads(output.read_text())
+    taus = results["log"]["protocol"]["softmax_temperature_per_length"]
+    assert taus["8"] == 1.0 and taus["32"] == pytest.approx(np.log(8) / np.log(32))
+    plain, tempered = ({r["length"]: r["ppl"] for r in results[s]["results"]} for s in ("1", "log"))
+    assert tempered[8] == pytest.approx(plain[8], rel=1e-6)
+    assert tempered[32] != pytest.approx(plain[32], rel=1e-4)
