@@ -29,9 +29,10 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(PY) tools/demo.py
 
-# receptive field, attention alignment, passkey retrieval and NoPE variance of `make demo`'s models
+# receptive field, attention alignment, passkey retrieval and NoPE variance of `make demo`'s models;
+# `make analysis-demo ANALYSIS_ARGS=--table41` also trains and analyses the thesis' Table 4.1 variants
 analysis-demo: $(STAMP)
-	$(PY) tools/analysis_demo.py
+	$(PY) tools/analysis_demo.py $(ANALYSIS_ARGS)
 
 docs: $(STAMP)
 	$(PY) tools/gen_config_docs.py

@@ -7,7 +7,11 @@ On the checkpoints of ``make demo`` (``runs/demo/<pos_emb>/``), at 8x the train 
    and the temperature of Algorithm 1;
 3. ``retrieval`` (passkey) for the same models without a temperature, with ``log`` (§5.5) and with
    the P_max-aligned temperature;
-4. ``nope-variance`` of a random NoPE model against Lemma 2.3 (§2.3).
+4. ``nope-variance`` of a random NoPE model against Lemma 2.3 (§2.3);
+5. with ``--table41``, thesis Table 4.1 at the demo's scale: it trains ALiBi with slope shifts
+   Δ ∈ {-3, 4, 8} (Δ = 0 is the demo's ALiBi) and NoPE with attention windows w ∈ {8, 16, 32, 64}
+   (2 layers: theoretical receptive field 2(w-1)+1 against the train length 64), then measures
+   their perplexity and receptive field (§4.4-4.5). A few more minutes.
 
 Outputs under ``results/analysis/``: each command's JSON and PNG, ``receptive_field.png`` (all
 embeddings in one plot) and ``summary.md``/``summary.json`` (the numbers of the README section).
@@ -32,6 +36,10 @@ from kerple.analysis.errors import AnalysisError  # noqa: E402
 from kerple.errors import entry_point  # noqa: E402
 
 ALIGNED = ("kerple_log", "alibi", "rpe")
+TABLE_4_1 = {  # demo-scale thesis Table 4.1: variant -> (configs/pe file, override)
+    **{f"alibi-shift{d}": ("alibi", f"alibi_slope_shift={d}") for d in (-3, 4, 8)},
+    **{f"window{w}": ("none", f"attention_window={w}") for w in (8, 16, 32, 64)},
+}
 
 
 def demo_module() -> Any:
@@ -50,6 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-samples", type=int, default=4, help="passkey prompts per length and depth")
     parser.add_argument("--results", default="results/analysis")
     parser.add_argument("--runs", help="the demo's checkpoints (default: make demo's runs/demo)")
+    parser.add_argument("--table41", action="store_true", help="also train and analyse Table 4.1's variants")
     return parser.parse_args(argv)
 
 
@@ -115,6 +124,14 @@ def summary_table(summary: dict[str, Any], train_length: int, length: int) -> st
     for name, runs in summary["passkey"].items():
         for setting, accuracy in runs.items():
             lines.append(f"- {name}, τ = {setting}: " + ", ".join(f"L={k}: {v:.2f}" for k, v in accuracy.items()))
+    if "table41" in summary:
+        lengths = [str(train_length * f) for f in (1, 2, 4, 8) if train_length * f <= length]
+        lines += ["", f"Thesis Table 4.1 at the demo's scale (2 layers, train length {train_length}):", "",
+                  "| variant | ERF | share in the last " + str(train_length) + " | "
+                  + " | ".join(f"ppl @ {n}" for n in lengths) + " |", "|---|---:|---:|" + "---:|" * len(lengths)]
+        for variant, row in summary["table41"].items():
+            lines.append(f"| {variant} | {row['erf']} | {row['share_in_train_length']:.3f} | "
+                         + " | ".join(f"{row['ppl'].get(n, float('nan')):.1f}" for n in lengths) + " |")
     nope = summary["nope_variance"]
     lines += ["", f"NoPE variance of a random model (d = {nope['hidden_size']}, σ = {nope['sigma']}): "
               f"measured / Lemma 2.3 at m = 1, {nope['length'] // 8}, {nope['length']}: "
@@ -172,6 +189,47 @@ def nope_variance(words: list[str], out: Path, length: int) -> dict[str, Any]:
             "ratios": [nope["random_model"][m - 1] / nope["lemma"][m - 1] for m in (1, length // 8, length)]}
 
 
+def variant_args(demo: Any, variant: str, args: argparse.Namespace, data: Any) -> list[str]:
+    """The demo's config arguments for a Table 4.1 variant, saved under ``<runs>-table41/<variant>``."""
+    pe, override = TABLE_4_1[variant]
+    folder = f"{args.runs}-table41/{variant}"
+    words = [w for w in demo.config_args(pe, args, data) if not w.startswith(("save=", "load=", "log_dir="))]
+    return [*words, override, f"save={folder}", f"load={folder}", f"log_dir={folder}/logs"]
+
+
+def table41(demo: Any, args: argparse.Namespace, data: Any, out: Path, length: int,
+            summary: dict[str, Any]) -> dict[str, Any]:
+    """Train the variants (unless finished, two at a time), then perplexity at 1x-8x and the receptive field."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    words = {variant: variant_args(demo, variant, args, data) for variant in TABLE_4_1}
+    todo = [v for v in TABLE_4_1 if not demo.finished(ROOT / f"{args.runs}-table41" / v, args.steps)]
+    runner = demo.Runner(total_steps=args.steps * len(todo), threads=1)
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            for future in [pool.submit(runner.run, v, [[sys.executable, "train.py", *words[v]]]) for v in todo]:
+                future.result()
+    finally:
+        runner.close()
+    lengths = [args.train_length * f for f in (1, 2, 4, 8) if args.train_length * f <= length]
+    rows = {"alibi-shift0": {**summary["receptive_field"].get("alibi", {})}}
+    for variant in TABLE_4_1:
+        output = out / f"table41_{variant}_ppl.json"
+        done = subprocess.run([sys.executable, "evaluate.py", *words[variant], "--eval-lengths",
+                               ",".join(map(str, lengths)), "--num-tokens", str(args.num_tokens), "--no-progress",
+                               "--output", str(output)], cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise AnalysisError(f"evaluate.py failed for {variant}: {done.stderr.strip().splitlines()[-1]}")
+        ppl = {str(r["length"]): r["ppl"] for r in json.loads(output.read_text())["results"]}
+        rf = out / f"table41_{variant}_rf.json"
+        analyze(["receptive-field", *words[variant], "--length", str(length), "--num-sequences", "8",
+                 "--labels", variant, "--output", str(rf)])
+        run = json.loads(rf.read_text())["runs"][variant]
+        rows[variant] = {"erf": run["erf"], "share_in_train_length": run["cumulative"][args.train_length - 1],
+                         "ppl": ppl}
+    return rows
+
+
 @entry_point("analysis_demo.py")
 def main(argv: list[str] | None = None) -> int:
     from kerple.atomic import write_json_atomic, write_text_atomic
@@ -190,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         summary["alignment"][name], summary["passkey"][name] = alignment_and_passkey(
             name, common[name], options, out, length)
     summary["nope_variance"] = nope_variance(common[names[0]], out, length)
+    if options.table41:
+        summary["table41"] = table41(demo, args, data, out, length, summary)
     write_json_atomic(out / "summary.json", summary)
     text = summary_table(summary, args.train_length, length)
     write_text_atomic(out / "summary.md", text)
