@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export WANDB_MODE ?= offline
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: install test demo clean-venv docs gpu-check gpu-wheels
+.PHONY: install test demo analysis-demo clean-venv docs gpu-check gpu-wheels
 
 install: $(STAMP)
 
@@ -28,6 +28,11 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) tools/demo.py
+
+# receptive field, attention alignment, passkey retrieval and NoPE variance of `make demo`'s models;
+# `make analysis-demo ANALYSIS_ARGS=--table41` also trains and analyses the thesis' Table 4.1 variants
+analysis-demo: $(STAMP)
+	$(PY) tools/analysis_demo.py $(ANALYSIS_ARGS)
 
 docs: $(STAMP)
 	$(PY) tools/gen_config_docs.py

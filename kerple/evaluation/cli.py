@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--attention-window", type=int, help="restrict attention to the last W keys (thesis §4.3.3)")
     parser.add_argument("--attention-impl", choices=("eager", "sdpa", "flex", "auto"),
                         help="auto picks per length and device (kerple.model.choose_implementation)")
+    parser.add_argument("--softmax-temperature", default="1",
+                        help="divide the attention logits by tau in (0, 1] (thesis §5.4), or 'log': "
+                             "tau = log_L(train length) at each length L (thesis §5.5)")
     parser.add_argument("--cache-window", type=int,
                         help="decode through a KV cache holding only the last W keys/values (thesis §4.9.2)")
     parser.add_argument("--trust-checkpoint", action="store_true",
@@ -192,6 +195,22 @@ def parse_lengths(text: str) -> list[int]:
     return sorted(set(lengths))
 
 
+def temperature_for(setting: str, length: int, train_length: int) -> float:
+    """The softmax temperature of ``--softmax-temperature setting`` at ``length``: a number in (0, 1],
+    or ``log`` = ``log_L(L_tr)`` = ``ln L_tr / ln L`` beyond the train length and 1 within it
+    (thesis §5.5, after Yao et al. 2021 and Su 2021)."""
+    if setting == "log":
+        return math.log(train_length) / math.log(length) if length > train_length > 1 else 1.0
+    try:
+        temperature = float(setting)
+    except ValueError:
+        raise EvaluationError(f"--softmax-temperature {setting!r}: expected a number in (0, 1] or 'log'") from None
+    if not 0.0 < temperature <= 1.0:
+        raise EvaluationError(f"--softmax-temperature {setting!r}: must lie in (0, 1] (1 = the trained model); "
+                              "a temperature above 1 flattens attention further")
+    return temperature
+
+
 def write_json_atomic(doc: dict[str, Any], path: str | Path) -> Path:
     """Write ``doc`` as JSON beside ``path``, fsync it, then rename it into place (:mod:`kerple.atomic`)."""
     return _write_json_atomic(path, doc)
@@ -302,6 +321,11 @@ def results_document(
             "attention_impl": cfg.attention.attention_impl,
             "attention_impl_per_length": impl_per_length,
             "cache_window": args.cache_window,
+            "softmax_temperature": args.softmax_temperature,
+            "softmax_temperature_per_length": {
+                length: temperature_for(args.softmax_temperature, length, cfg.model.seq_length)
+                for length in impl_per_length
+            },
             "attention_window": cfg.attention.attention_window,
             "stream_tokens": stream_tokens,
         },
@@ -324,6 +348,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg, yamls, overrides = evaluation_config(args)
     lengths = parse_lengths(args.eval_lengths)
     cfg.check_eval_length(max(lengths))
+    for length in lengths:
+        temperature_for(args.softmax_temperature, length, cfg.model.seq_length)  # refuse before loading
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, load_dir, iteration = load_trained_model(cfg, args.load, args.iteration, trust=args.trust_checkpoint)
@@ -347,6 +373,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         overall = tqdm(total=sum(p.num_windows * c for p, c in zip(plans, costs)) * rate, desc="evaluation",
                        unit="s", disable=args.no_progress, bar_format="{l_bar}{bar}| {elapsed}<{remaining}")
         for plan, batch, cost in zip(plans, batch_sizes, costs):
+            model.set_temperature(temperature_for(args.softmax_temperature, plan.length, cfg.model.seq_length))
             result = evaluate_plan(
                 loss_fn, stream, plan, batch_size=batch, per_position=args.per_position, device=device,
                 progress=not args.no_progress, document_of=document_of,

@@ -11,6 +11,11 @@ Reference order of operations (docs/reference-format.md §3):
 5. Causal mask (plus the optional attention window of thesis §4.3.3: query ``i`` sees key ``j`` only
    when ``0 <= i - j < W``), softmax, attention dropout, ``probs @ v``, ``dense``.
 
+A softmax temperature τ (thesis §5.4, Algorithm 1: ``Softmax_τ(l) = softmax(l / τ)`` with ``l`` the
+logits after the bias) divides step 4's result. Every kernel gets it the same way, without a
+change of its own: the query is divided by τ after the rotation and the model divides the distance
+tables' bias by τ (``AttentionContext.temperature`` records τ), so ``(q·kᵀ/√d · s + b)/τ`` holds.
+
 The three kernels compute the same function (tests check agreement to 1e-5 in fp32):
 
 * ``eager`` restates the reference math with scores and softmax in fp32; the dense
@@ -147,6 +152,7 @@ class AttentionContext:
     dropout_p: float = 0.0
     cache: KVCache | None = None
     flex: FlexAttentionKernel | None = None
+    temperature: float = 1.0  # softmax temperature τ; the bias table is already divided by it
     _dense: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def allowed(self) -> torch.Tensor:
@@ -297,6 +303,8 @@ class SelfAttention(nn.Module):
         qkv = qkv.view(batch, seq, self.num_heads, 3 * self.head_dim).transpose(1, 2)  # [b, H, s, 3d]
         query, key, value = qkv.split(self.head_dim, dim=-1)  # each [b, H, s, d]
         query, key = context.rotate(query, key, context.q_positions, context.q_positions)
+        if context.temperature != 1.0:
+            query = query / context.temperature  # (q·kᵀ/√d · s + b)/τ; b/τ is in the bias table
         if context.cache is not None:
             key, value = context.cache.extend(self.layer_index, key, value)  # [b, H, k_len, d]
         output = KERNELS[context.impl](query, key, value, context, self.training)  # [b, H, s, d]

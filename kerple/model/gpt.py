@@ -103,6 +103,7 @@ class GPTModel(nn.Module):
         self._flex = FlexAttentionKernel(compile=flex_compile)
         self.attention_impl = "eager"
         self.attention_window: int | None = None
+        self.softmax_temperature = 1.0  # τ of thesis §5.4, a runtime setting (see set_temperature)
         self.set_attention(attention_impl, attention_window)
         self._init_weights(init_method, output_layer_init_method, init_method_std)
 
@@ -129,6 +130,13 @@ class GPTModel(nn.Module):
                 raise ValueError(f"attention_window must be >= 1 or None, got {window}")
             self.attention_window = None if window is None else int(window)
         self.attention_impl = impl
+
+    def set_temperature(self, temperature: float) -> None:
+        """Divide every attention layer's logits (after the bias) by ``temperature`` (thesis §5.4);
+        1.0 restores the trained model. Raises ``ValueError`` unless ``temperature > 0``."""
+        if not temperature > 0.0:
+            raise ValueError(f"softmax temperature must be > 0, got {temperature}")
+        self.softmax_temperature = float(temperature)
 
     def resolve_attention_impl(self, device_type: str, training: bool, seq_len: int) -> str:
         """The kernel a forward of ``seq_len`` keys would use: ``attention_impl``, or the choice of ``auto``."""
@@ -183,6 +191,9 @@ class GPTModel(nn.Module):
         if reason is not None:
             raise ValueError(reason)
         bias_table, scale_table = self.positional.distance_tables(k_len, device=device)
+        temperature = self.softmax_temperature
+        if bias_table is not None and temperature != 1.0:
+            bias_table = bias_table / temperature
         return AttentionContext(
             impl=impl,
             q_len=q_len,
@@ -195,6 +206,7 @@ class GPTModel(nn.Module):
             dropout_p=self.attention_dropout,
             cache=cache,
             flex=self._flex,
+            temperature=temperature,
         )
 
     def checkpoint_group(self, cache: KVCache | None = None) -> int | None:

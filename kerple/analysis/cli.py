@@ -1,0 +1,271 @@
+"""``analyze.py``: the subcommands, each a thin layer over its module (see the package docstring).
+
+    python analyze.py receptive-field <ymls> --load DIR --length 2048 --output rf.json
+    python analyze.py attention-stats <ymls> --load DIR --lengths 512,4096 --output stats.json
+    python analyze.py align-temperature <ymls> --load DIR --length 4096 --mode pmax --output tau.json
+    python analyze.py retrieval <ymls> --load DIR --task passkey --lengths 512,1024 --temperatures 1,log ...
+    python analyze.py nope-variance <ymls> [--load DIR] --length 512 --output nope.json
+    python analyze.py position-probe <ymls> --load DIR --length 512 --output probe.json
+
+Every subcommand writes a JSON document and a PNG beside it (``--plot`` to choose its path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+import torch
+
+from kerple.analysis import (
+    align_temperature, attention_stats, nope_variance, position_probe, receptive_field, retrieval,
+)
+from kerple.analysis.common import (
+    add_model_arguments, analysis_config, check_lengths, checkpoint_folder, device_of, load_model, parse_lengths,
+    png_beside, sample_windows, save_figure, temperature_at, write_json,
+)
+from kerple.analysis.errors import AnalysisError
+from kerple.errors import entry_point
+
+
+def single_load(args: argparse.Namespace) -> str | None:
+    if args.load and len(args.load) > 1:
+        raise AnalysisError("--load given more than once; only receptive-field compares several runs")
+    return args.load[0] if args.load else None
+
+
+def outputs(args: argparse.Namespace, doc: dict[str, Any], figure: Any) -> None:
+    """Write the JSON and the PNG atomically and say where."""
+    write_json(args.output, doc)
+    plot = save_figure(figure, png_beside(args.output, args.plot))
+    print(f"wrote {args.output} and {plot}")
+
+
+def gradient_kernel(model: torch.nn.Module, device: torch.device) -> str:
+    """An attention kernel with a backward for this embedding here: sdpa (no ``L×L`` scores kept
+    on CPU), else eager (a multiplicative logit scale)."""
+    from kerple.model.attention import unsupported_reason
+
+    return "sdpa" if unsupported_reason("sdpa", model.positional.kind, device.type, True) is None else "eager"
+
+
+def run_receptive_field(args: argparse.Namespace) -> None:
+    cfg = analysis_config(args.configs)
+    check_lengths(cfg, [args.length])
+    for load in args.load or [None]:
+        checkpoint_folder(cfg, load)  # every folder exists before any work
+    windows = sample_windows(cfg, args.length + 1, args.num_sequences, args.seed)
+    runs = {}
+    for index, load in enumerate(args.load or [None]):
+        model, folder, iteration = load_model(cfg, load, args)
+        model.set_attention(gradient_kernel(model, device_of(args)))
+        label = args.labels.split(",")[index] if args.labels else folder
+        runs[label] = {"load": folder, "iteration": iteration,
+                       **receptive_field.receptive_field(model, windows, not args.no_progress)}
+        print(f"{label}: ERF {runs[label]['erf']} of {args.length} tokens", file=sys.stderr)
+    train_length = cfg.model.seq_length
+    title = f"Cumulative normalized gradient, L = {args.length}"
+    figure = receptive_field.plot_receptive_fields(runs, train_length, title)
+    first = next(iter(runs.values()))
+    outputs(args, {"analysis": "receptive-field", "train_length": train_length, "configs": args.configs,
+                   "cumulative": first["cumulative"], "erf": first["erf"], "runs": runs}, figure)
+
+
+def run_attention_stats(args: argparse.Namespace) -> None:
+    cfg = analysis_config(args.configs)
+    lengths = parse_lengths(args.lengths)
+    check_lengths(cfg, lengths)
+    taus = [temperature_at(args.temperature, length, cfg.model.seq_length) for length in lengths]
+    model, folder, iteration = load_model(cfg, single_load(args), args)
+    rows = []
+    for length, tau in zip(lengths, taus):
+        windows = sample_windows(cfg, length, args.num_sequences, args.seed)
+        rows.append(attention_stats.attention_statistics(model, windows, tau, progress=not args.no_progress))
+        print(f"L={length} τ={tau:.3f}: P_max {rows[-1]['mean_pmax']:.4f}  entropy {rows[-1]['mean_entropy']:.4f}",
+              file=sys.stderr)
+    figure = attention_stats.plot_statistics(rows, f"Attention sharpness ({cfg.positional.pos_emb})")
+    outputs(args, {"analysis": "attention-stats", "load": folder, "iteration": iteration,
+                   "train_length": cfg.model.seq_length, "lengths": rows}, figure)
+
+
+def run_align_temperature(args: argparse.Namespace) -> None:
+    cfg = analysis_config(args.configs)
+    train_length = args.train_length or cfg.model.seq_length
+    if args.length <= train_length:
+        raise AnalysisError(f"--length {args.length} must exceed --train-length {train_length} (Algorithm 1 aligns "
+                            "an extrapolation length to the train length)")
+    check_lengths(cfg, [args.length])
+    model, folder, iteration = load_model(cfg, single_load(args), args)
+    windows = {"train": sample_windows(cfg, train_length, args.num_sequences * args.length // train_length, args.seed),
+               "extrapolation": sample_windows(cfg, args.length, args.num_sequences, args.seed)}
+    cache: dict[tuple[str, float], dict[str, Any]] = {}
+
+    def statistic(mode: str) -> Callable[[str, float], float]:
+        def measure(which: str, tau: float) -> float:
+            if (which, tau) not in cache:
+                cache[which, tau] = attention_stats.attention_statistics(model, windows[which], tau, progress=False)
+            return cache[which, tau][f"mean_{mode}"]
+        return measure
+
+    modes = align_temperature.MODES if args.mode == "both" else (args.mode,)
+    from tqdm.auto import tqdm
+
+    results = {}
+    with tqdm(total=len(align_temperature.GRID) * len(modes), desc="temperature grid", disable=args.no_progress) as bar:
+        for mode in modes:
+            results[mode] = align_temperature.align(statistic(mode), progress=lambda _tau: bar.update())
+            print(f"mode {mode}: τ = {results[mode]['temperature']:g}", file=sys.stderr)
+    figure = align_temperature.plot_alignment(results, f"Algorithm 1: L_tr = {train_length}, L_ex = {args.length}")
+    doc = {"analysis": "align-temperature", "load": folder, "iteration": iteration, "train_length": train_length,
+           "length": args.length, "log_baseline": temperature_at("log", args.length, train_length), "modes": results}
+    if len(modes) == 1:
+        doc.update(mode=modes[0], temperature=results[modes[0]]["temperature"], grid=results[modes[0]]["grid"])
+    outputs(args, doc, figure)
+
+
+class TemperedModel:
+    """``model`` with the temperature of ``setting`` at each prompt's length, set when a prompt is
+    read (a forward without a cache, or the first one into an empty cache)."""
+
+    def __init__(self, model: torch.nn.Module, setting: str, train_length: int) -> None:
+        self.model, self.setting, self.train_length = model, setting, train_length
+
+    def new_cache(self) -> Any:
+        return self.model.new_cache()
+
+    def __call__(self, tokens: torch.Tensor, cache: Any = None) -> torch.Tensor:
+        if cache is None or cache.position == 0:
+            self.model.set_temperature(temperature_at(self.setting, tokens.shape[1], self.train_length))
+        return self.model(tokens, cache=cache)
+
+
+def run_retrieval(args: argparse.Namespace) -> None:
+    from kerple.data.tokenizers import build_tokenizer
+
+    cfg = analysis_config(args.configs)
+    lengths = parse_lengths(args.lengths)
+    check_lengths(cfg, lengths)
+    settings = [part.strip() for part in args.temperatures.split(",") if part.strip()]
+    for setting in settings:
+        temperature_at(setting, lengths[-1], cfg.model.seq_length, "--temperatures")
+    depths = [float(part) for part in args.depths.split(",")]
+    if any(not 0.0 <= depth <= 1.0 for depth in depths):
+        raise AnalysisError(f"--depths {args.depths!r}: depths are fractions of the context in [0, 1]")
+    data = cfg.data
+    tokenizer = build_tokenizer(data.tokenizer_type, data.vocab_file, data.merge_file, data.tokenizer_file)
+    prompts = retrieval.build_prompts(args.task, tokenizer.tokenize, lengths, depths, args.num_samples, args.seed)
+    model, folder, iteration = load_model(cfg, single_load(args), args)
+    device = device_of(args)
+    runs = {}
+    for setting in settings:
+        tempered = TemperedModel(model, setting, cfg.model.seq_length)
+        runs[setting] = retrieval.accuracy(tempered, prompts, device, tokenizer.vocab_size, not args.no_progress,
+                                           desc=f"{args.task} τ={setting}")
+        print(f"τ={setting}: " + "  ".join(f"L={k}: {v:.2f}" for k, v in runs[setting]["accuracy"].items()),
+              file=sys.stderr)
+    model.set_temperature(1.0)
+    figure = retrieval.plot_heatmaps(runs, f"{args.task} retrieval ({cfg.positional.pos_emb})")
+    outputs(args, {"analysis": "retrieval", "task": args.task, "load": folder, "iteration": iteration,
+                   "train_length": cfg.model.seq_length, "num_samples": args.num_samples, "seed": args.seed,
+                   "accuracy": {s: r["accuracy"] for s, r in runs.items()},
+                   "accuracy_by_depth": {s: r["accuracy_by_depth"] for s, r in runs.items()}}, figure)
+
+
+def run_nope_variance(args: argparse.Namespace) -> None:
+    from kerple.model import build_model
+
+    cfg = analysis_config(args.configs, attention_impl="eager")
+    check_lengths(cfg, [args.length])
+    if not 0.0 < args.sigma:
+        raise AnalysisError(f"--sigma {args.sigma}: the weights' standard deviation must be positive")
+    if args.load:
+        checkpoint_folder(cfg, single_load(args))
+    torch.manual_seed(args.seed)
+    random_model = build_model(cfg, flex_compile=False).to(device_of(args)).eval()
+    measured = nope_variance.random_model_variance(random_model, args.length, args.sigma, args.samples,
+                                                   seed=args.seed, progress=not args.no_progress)
+    lemma = nope_variance.lemma_variance(cfg.model.hidden_size, args.sigma, args.length)
+    curves = {f"random model, σ = {args.sigma:g}": measured, "Lemma 2.3: d²σ⁴/m": lemma}
+    doc = {"analysis": "nope-variance", "pos_emb": cfg.positional.pos_emb, "hidden_size": cfg.model.hidden_size,
+           "sigma": args.sigma, "samples": args.samples, "random_model": measured, "lemma": lemma}
+    if args.load:
+        model, folder, iteration = load_model(cfg, single_load(args), args)
+        windows = sample_windows(cfg, args.length, args.num_sequences, args.seed)
+        variance = nope_variance.trained_model_variance(model, windows, progress=not args.no_progress)
+        doc["trained"] = {"load": folder, "iteration": iteration, "variance": variance}
+        curves[f"checkpoint (step {iteration})"] = doc["trained"]["variance"]
+    outputs(args, doc, nope_variance.plot_variance(curves, f"First-layer attention output ({cfg.positional.pos_emb})"))
+
+
+def run_position_probe(args: argparse.Namespace) -> None:
+    cfg = analysis_config(args.configs)
+    check_lengths(cfg, [args.length])
+    model, folder, iteration = load_model(cfg, single_load(args), args)
+    windows = sample_windows(cfg, args.length, args.num_sequences, args.seed)
+    states = position_probe.hidden_states_by_layer(model, windows)
+    errors = position_probe.probe_errors(states, args.probe, progress=not args.no_progress)
+    print("position MAE by layer: " + ", ".join(f"{e:.1f}" for e in errors), file=sys.stderr)
+    figure = position_probe.plot_probe({cfg.positional.pos_emb: errors}, args.length, f"Position probe ({args.probe})")
+    outputs(args, {"analysis": "position-probe", "load": folder, "iteration": iteration, "length": args.length,
+                   "probe": args.probe, "mae": errors}, figure)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="analyze.py", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, run: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        add_model_arguments(sub, load_required=name == "receptive-field")
+        sub.add_argument("--output", required=True, help="result JSON (written atomically); the PNG goes beside it")
+        sub.add_argument("--plot", help="PNG path (default: the output with .png)")
+        sub.set_defaults(run=run)
+        return sub
+
+    sub = command("receptive-field", run_receptive_field, "empirical receptive field (thesis §4.5.1, Fig. 4.4)")
+    sub.add_argument("--length", type=int, required=True, help="input tokens before the predicted one")
+    sub.add_argument("--num-sequences", type=int, default=16, help="held-out sequences averaged")
+    sub.add_argument("--labels", help="comma-separated plot labels, one per --load")
+
+    sub = command("attention-stats", run_attention_stats, "mean P_max and entropy per layer and head (Table 5.1)")
+    sub.add_argument("--lengths", required=True, help="comma-separated lengths, e.g. 512,4096")
+    sub.add_argument("--temperature", help="softmax temperature in (0, 1], or 'log' (default 1)")
+    sub.add_argument("--num-sequences", type=int, default=4)
+
+    sub = command("align-temperature", run_align_temperature, "attention alignment by temperature (Algorithm 1)")
+    sub.add_argument("--train-length", type=int, help="L_tr (default: the config's seq_length)")
+    sub.add_argument("--length", type=int, required=True, help="L_ex, the extrapolation length")
+    sub.add_argument("--mode", choices=(*align_temperature.MODES, "both"), default="pmax")
+    sub.add_argument("--num-sequences", type=int, default=4, help="sequences of L_ex (as many tokens at L_tr)")
+
+    sub = command("retrieval", run_retrieval, "passkey / line retrieval accuracy by length and depth (chapter 5)")
+    sub.add_argument("--task", choices=retrieval.TASKS, default="passkey")
+    sub.add_argument("--lengths", required=True)
+    sub.add_argument("--depths", default=",".join(f"{d:g}" for d in retrieval.DEPTHS))
+    sub.add_argument("--num-samples", type=int, default=10, help="prompts per length and depth")
+    sub.add_argument("--temperatures", default="1", help="comma-separated settings: numbers in (0, 1] and/or 'log'")
+
+    sub = command("nope-variance", run_nope_variance, "variance of the first attention output by position (§2.3)")
+    sub.add_argument("--length", type=int, required=True)
+    sub.add_argument("--sigma", type=float, default=0.02, help="std of the random model's attention weights")
+    sub.add_argument("--samples", type=int, default=500)
+    sub.add_argument("--num-sequences", type=int, default=64, help="held-out windows for --load")
+
+    sub = command("position-probe", run_position_probe, "position probe MAE per layer (thesis Fig. 2.2)")
+    sub.add_argument("--length", type=int, required=True)
+    sub.add_argument("--num-sequences", type=int, default=16, help="half fit the probe, half score it")
+    sub.add_argument("--probe", choices=position_probe.PROBES, default="linear")
+    return parser
+
+
+@entry_point("analyze.py")
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``analyze.py``; returns 2 on bad input."""
+    args = build_parser().parse_args(argv)
+    for name in ("length", "num_sequences", "num_samples", "samples"):
+        if getattr(args, name, None) is not None and getattr(args, name) < 1:
+            raise AnalysisError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be positive")
+    args.run(args)
+    return 0

@@ -1,0 +1,68 @@
+"""``analyze.py`` as a user runs it: clear one-line errors (exit 2) and JSON + PNG outputs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from kerple.analysis import cli
+from kerple.evaluation import cli as evaluate_cli
+from kerple.evaluation.cli import temperature_for
+
+REPO = Path(__file__).resolve().parents[3]
+TINY = str(REPO / "configs/models/tiny.yml")
+
+
+def error_line(capsys: pytest.CaptureFixture, prog: str = "analyze.py") -> str:
+    errors = [line for line in capsys.readouterr().err.splitlines() if " -> " not in line]
+    assert len(errors) == 1 and errors[0].startswith(f"{prog}: error: "), errors
+    return errors[0]
+
+
+def test_missing_checkpoint_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    argv = ["attention-stats", TINY, str(REPO / "configs/pe/alibi.yml"), "--load", str(tmp_path / "nothing"),
+            "--lengths", "64", "--output", str(tmp_path / "out.json")]
+    assert cli.main(argv) == 2
+    assert "no checkpoint" in error_line(capsys)
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_length_beyond_a_learned_table_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    argv = ["receptive-field", TINY, str(REPO / "configs/pe/learned.yml"), "--length", "4096",
+            "--output", str(tmp_path / "rf.json")]
+    assert cli.main(argv) == 2
+    assert "learned table" in error_line(capsys)
+
+
+@pytest.mark.parametrize("bad", ["0", "1.5", "-0.2", "warm"])
+def test_temperature_outside_zero_one_is_refused(bad: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    argv = ["attention-stats", TINY, str(REPO / "configs/pe/alibi.yml"), "--lengths", "64", "--temperature", bad,
+            "--output", str(tmp_path / "s.json")]
+    assert cli.main(argv) == 2
+    assert f"--temperature {bad!r}" in error_line(capsys)
+    argv = [TINY, str(REPO / "configs/pe/alibi.yml"), "--eval-lengths", "64", "--softmax-temperature", bad,
+            "--output", str(tmp_path / "e.json")]
+    assert evaluate_cli.main(argv) == 2
+    assert f"--softmax-temperature {bad!r}" in error_line(capsys, "evaluate.py")
+
+
+def test_log_temperature_is_log_of_the_train_length_in_base_the_length() -> None:
+    assert temperature_for("log", 512, 64) == pytest.approx(math.log(64) / math.log(512))  # = 2/3
+    assert temperature_for("log", 4096, 64) == pytest.approx(0.5)
+    assert temperature_for("log", 64, 64) == 1.0  # within the train length: the trained model
+    assert temperature_for("0.8", 512, 64) == 0.8
+
+
+def test_nope_variance_writes_json_and_png(tmp_path: Path) -> None:
+    output = tmp_path / "nope" / "variance.json"
+    argv = ["nope-variance", TINY, str(REPO / "configs/pe/none.yml"), "--length", "32", "--samples", "20",
+            "--output", str(output), "--no-progress"]
+    assert cli.main(argv) == 0
+    doc = json.loads(output.read_text())
+    assert doc["format"] == "kerple-analysis-1" and len(doc["random_model"]) == len(doc["lemma"]) == 32
+    assert doc["lemma"][0] == pytest.approx(128**2 * 0.02**4)  # d² σ⁴ / 1 with tiny.yml's d = 128
+    assert output.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in output.parent.iterdir()) == ["variance.json", "variance.png"]  # no temp files left

@@ -1,0 +1,78 @@
+"""``analyze.py`` subcommands on a stored trained checkpoint (tests/fixtures) and a synthetic corpus."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kerple.analysis import cli
+from kerple.data.indexed_dataset import IndexedDatasetWriter
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "checkpoints"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path]:
+    """The fixture ``trainer-alibi``'s config as a YAML file, plus a corpus of its 32-token vocabulary."""
+    folder = tmp_path_factory.mktemp("analysis")
+    rng = np.random.RandomState(0)
+    with IndexedDatasetWriter(folder / "corpus", dtype=np.uint16) as writer:
+        for _ in range(40):
+            writer.add_document(rng.randint(0, 31, size=int(rng.randint(30, 90))))
+        writer.finalize()
+    model = json.loads((FIXTURES / "manifest.json").read_text())["model"]
+    config = {**model, "lr_decay_style": "cosine", "pos_emb": "alibi", "no_weight_tying": True,
+              "data_path": str(folder / "corpus"), "split": "50,50,0"}
+    (folder / "run.yml").write_text(json.dumps(config))
+    return [str(folder / "run.yml"), "--load", str(FIXTURES / "trainer-alibi"), "--no-progress"], folder
+
+
+def run(setup: tuple[list[str], Path], command: str, *options: str) -> dict:
+    words, folder = setup
+    output = folder / f"{command}.json"
+    assert cli.main([command, *words, *options, "--output", str(output)]) == 0
+    assert output.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    return json.loads(output.read_text())
+
+
+def test_receptive_field(setup: tuple[list[str], Path]) -> None:
+    doc = run(setup, "receptive-field", "--length", "24", "--num-sequences", "4")
+    assert len(doc["cumulative"]) == 24 and doc["cumulative"][-1] == pytest.approx(1.0)
+    assert 1 <= doc["erf"] <= 24 and doc["train_length"] == 8
+
+
+def test_attention_stats_and_alignment(setup: tuple[list[str], Path]) -> None:
+    doc = run(setup, "attention-stats", "--lengths", "8,32", "--num-sequences", "2")
+    short, long = doc["lengths"]
+    assert len(short["pmax"]) == 2 and len(short["pmax"][0]) == 2  # 2 layers x 2 heads
+    assert all(0 < p <= 1 for row in long["pmax"] for p in row)
+    doc = run(setup, "align-temperature", "--length", "32", "--mode", "pmax", "--num-sequences", "2")
+    assert doc["temperature"] in [float(t) for t in doc["grid"]]
+    assert doc["log_baseline"] == pytest.approx(np.log(8) / np.log(32))
+
+
+def test_position_probe(setup: tuple[list[str], Path]) -> None:
+    doc = run(setup, "position-probe", "--length", "8", "--num-sequences", "8")
+    assert len(doc["mae"]) == 3 and all(error >= 0 for error in doc["mae"])
+
+
+def test_evaluate_with_the_log_temperature(setup: tuple[list[str], Path]) -> None:
+    """``--softmax-temperature log``: τ = 1 within the train length (same perplexity), log_L 8 beyond."""
+    from kerple.evaluation import cli as evaluate_cli
+
+    words, folder = setup
+    results = {}
+    for setting in ("1", "log"):
+        output = folder / f"eval-{setting}.json"
+        argv = [*words, "--eval-lengths", "8,32", "--num-windows", "4", "--softmax-temperature", setting,
+                "--output", str(output)]
+        assert evaluate_cli.main(argv) == 0
+        results[setting] = json.loads(output.read_text())
+    taus = results["log"]["protocol"]["softmax_temperature_per_length"]
+    assert taus["8"] == 1.0 and taus["32"] == pytest.approx(np.log(8) / np.log(32))
+    plain, tempered = ({r["length"]: r["ppl"] for r in results[s]["results"]} for s in ("1", "log"))
+    assert tempered[8] == pytest.approx(plain[8], rel=1e-6)
+    assert tempered[32] != pytest.approx(plain[32], rel=1e-4)

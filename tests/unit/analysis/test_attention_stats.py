@@ -1,0 +1,67 @@
+"""Attention sharpness (thesis Table 5.1) against uniform attention and a hand-computed softmax."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kerple import positional
+from kerple.analysis.attention_stats import attention_statistics
+from kerple.model import GPTModel
+from tests.unit.model.model_helpers import HEADS, HEAD_DIM, HIDDEN, VOCAB, tiny_model
+
+
+def one_layer_model(name: str, window: int | None = None) -> GPTModel:
+    torch.manual_seed(0)
+    pe = positional.build(name, num_heads=HEADS, head_dim=HEAD_DIM, hidden_size=HIDDEN, max_positions=128)
+    return GPTModel(num_layers=1, hidden_size=HIDDEN, num_attention_heads=HEADS, padded_vocab_size=VOCAB,
+                    positional=pe, attention_window=window, flex_compile=False).eval()
+
+
+@pytest.mark.parametrize("name, window", [("none", None), ("rotary", None), ("none", 6)])
+def test_zero_query_key_weights_give_uniform_attention(name: str, window: int | None) -> None:
+    """q = k = 0: every visible key gets 1/n, so P_max = 1/n and H = log n with n visible keys."""
+    model = one_layer_model(name, window)
+    qkv = model.layers[0].attention.query_key_value
+    with torch.no_grad():
+        for head in range(HEADS):  # rows are interleaved per head: q, k, v of head 0, then head 1, ...
+            rows = slice(head * 3 * HEAD_DIM, head * 3 * HEAD_DIM + 2 * HEAD_DIM)
+            qkv.weight[rows] = 0.0
+            qkv.bias[rows] = 0.0
+    length = 20
+    visible = [min(i + 1, window or length) for i in range(length)]
+    stats = attention_statistics(model, torch.randint(0, VOCAB, (3, length)), temperature=0.6, block_rows=7,
+                                 progress=False)
+    expected_pmax = sum(1 / n for n in visible) / length
+    expected_entropy = sum(math.log(n) for n in visible) / length
+    for head in range(HEADS):
+        assert stats["pmax"][0][head] == pytest.approx(expected_pmax, rel=1e-5)
+        assert stats["entropy"][0][head] == pytest.approx(expected_entropy, rel=1e-5)
+
+
+def test_statistics_match_a_hand_computed_softmax() -> None:
+    """Layer 0 of an ALiBi model with a window and τ = 0.7, rows rebuilt here from the reference math."""
+    tau, window, length = 0.7, 9, 24
+    model = tiny_model("alibi", window=window, init_method_std=0.3).eval()
+    tokens = torch.randint(0, VOCAB, (2, length), generator=torch.Generator().manual_seed(4))
+    seen = {}
+    attention = model.layers[0].attention
+    handle = attention.register_forward_pre_hook(lambda _m, inputs: seen.update(x=inputs[0]))
+    stats = attention_statistics(model, tokens, temperature=tau, block_rows=5, progress=False)
+    handle.remove()
+    x = seen["x"]
+    qkv = x @ attention.query_key_value.weight.T + attention.query_key_value.bias  # [b, s, 3h]
+    distance = torch.arange(length)[:, None] - torch.arange(length)[None, :]
+    visible = (distance >= 0) & (distance < window)
+    for head in range(HEADS):
+        block = qkv[..., head * 3 * HEAD_DIM : (head + 1) * 3 * HEAD_DIM]
+        q, k = block[..., :HEAD_DIM], block[..., HEAD_DIM : 2 * HEAD_DIM]
+        slope = 2.0 ** (-8.0 * (head + 1) / HEADS)
+        logits = (q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM) - slope * distance) / tau
+        probs = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)
+        entropy = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
+        assert stats["pmax"][0][head] == pytest.approx(float(probs.max(-1).values.mean()), rel=1e-5)
+        assert stats["entropy"][0][head] == pytest.approx(float(entropy.mean()), rel=1e-5)
+    assert model.softmax_temperature == 1.0  # restored after the measurement

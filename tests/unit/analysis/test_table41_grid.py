@@ -1,0 +1,42 @@
+"""``tools/generate_ymls.py --grid table4.1``: the thesis' Table 4.1 runs, each loading with its setting."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from kerple.config import load_config
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def load_tool():  # noqa: ANN201 - the tool's module
+    spec = importlib.util.spec_from_file_location("generate_ymls", REPO / "tools" / "generate_ymls.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_table_4_1_grid_configs_load_with_their_settings(tmp_path: Path) -> None:
+    tool = load_tool()
+    assert tool.main(["--grid", "table4.1", "--data", "arxiv", "--out", str(tmp_path)]) == 0
+    commands = (tmp_path / "run_all.sh").read_text().splitlines()[2:]
+    assert len(commands) == 6 + 5 + 6
+    seen = {"shift": set(), "same": set(), "window": set()}
+    for command in commands:
+        files = [str(REPO / f) if not f.startswith("/") else f for f in command.split()[3:]]
+        cfg = load_config(files)
+        assert cfg.model.seq_length == 512 and cfg.training.seed == 1235
+        if "window" in files[-1]:
+            assert cfg.positional.pos_emb == "none"
+            seen["window"].add(cfg.attention.attention_window)
+        else:
+            assert cfg.positional.pos_emb == "alibi"
+            options = cfg.positional.options()
+            if "same-h" in files[-1]:
+                seen["same"].add(options["alibi_equal_slope"])
+            else:
+                seen["shift"].add(options["alibi_slope_shift"])
+    assert seen["shift"] == {-3, 0, 2, 4, 6, 8}
+    assert seen["same"] == {0, 2, 4, 6, 8}
+    assert seen["window"] == {40, 80, 100, 120, 160, 320}
