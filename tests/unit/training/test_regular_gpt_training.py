@@ -1,0 +1,56 @@
+"""RegularGPT through the real trainer: a few steps, a checkpoint, a load into a fresh model, refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kerple import checkpoint as ckpt
+from kerple.config import ConfigError
+from kerple.model import build_model
+from kerple.model.regular import RegularGPT
+from tiny_run import single_process_group, tiny_config, train, write_corpus
+
+REGULAR = {"arch": "regulargpt", "pos_emb": "none", "regular_chunk_size": 4, "regular_thickness": 2}
+
+
+@pytest.fixture(scope="module")
+def parallel():
+    yield from single_process_group()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("data") / "corpus")
+
+
+def test_train_save_and_load_round_trip(parallel, corpus: Path, tmp_path: Path) -> None:
+    save = tmp_path / "checkpoints"
+    cfg = tiny_config(corpus, train_iters=4, lr_decay_iters=4, save=str(save), save_interval=4, **REGULAR)
+    result = train(cfg, parallel)
+    assert len(result.losses) == 4 and all(torch.isfinite(torch.tensor([loss for _, loss in result.losses])))
+    meta = ckpt.safe_torch_load(save / "global_step4" / "mp_rank_00_model_states.pt")
+    assert (meta["args"]["arch"], meta["args"]["regular_chunk_size"], meta["args"]["regular_thickness"]) == ("regulargpt", 4, 2)
+
+    fresh = build_model(tiny_config(corpus, **REGULAR))
+    assert isinstance(fresh, RegularGPT) and len(fresh.layers) == 2
+    assert ckpt.load_model_weights(fresh, save) == 4
+    trained_scalars = ckpt.safe_torch_load(save / "global_step4" / "layer_03-model_00-model_states.pt")
+    # layer file 3 holds block 1 (GPT-NeoX's index 2 + k); the scalars left their zero initialisation
+    assert torch.equal(fresh.layers[1].attention.relative_scalars, trained_scalars["attention.relative_scalars"])
+    assert fresh.layers[1].attention.relative_scalars.abs().sum() > 0
+
+    other_chunk = tiny_config(corpus, **{**REGULAR, "regular_chunk_size": 2})
+    with pytest.raises(ckpt.CheckpointError, match="regular_chunk_size"):
+        ckpt.load_model_weights(build_model(other_chunk), save, cfg=other_chunk)
+
+
+def test_config_refusals_name_the_key(corpus: Path) -> None:
+    with pytest.raises(ConfigError, match="pos_emb"):
+        tiny_config(corpus, **{**REGULAR, "pos_emb": "alibi"})
+    with pytest.raises(ConfigError, match="regular_chunk_size"):
+        tiny_config(corpus, **{**REGULAR, "regular_chunk_size": 1})
+    with pytest.raises(ConfigError, match="attention_impl"):
+        tiny_config(corpus, **{**REGULAR, "attention_impl": "sdpa"})
