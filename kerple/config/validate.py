@@ -184,6 +184,15 @@ def _regular(cfg: Config) -> None:
             f"set pos_emb: none, not {cfg.positional.pos_emb!r}",
             "positional.pos_emb",
         )
+    for ident in ("parallelism.model_parallel_size", "parallelism.pipe_parallel_size"):
+        size = getattr(cfg.parallelism, ident.split(".")[1])
+        if size > 1:
+            raise fail(
+                cfg,
+                f"arch: regulargpt runs its shared blocks a length-dependent number of times and cannot be split "
+                f"over ranks; set {ident.split('.')[1]}: 1, not {size}",
+                ident,
+            )
     if cfg.attention.attention_impl == "sdpa" or cfg.attention.attention_window is not None:
         raise fail(
             cfg,
