@@ -54,3 +54,5 @@ def test_config_refusals_name_the_key(corpus: Path) -> None:
         tiny_config(corpus, **{**REGULAR, "regular_chunk_size": 1})
     with pytest.raises(ConfigError, match="attention_impl"):
         tiny_config(corpus, **{**REGULAR, "attention_impl": "sdpa"})
+    with pytest.raises(ConfigError, match="model_parallel_size"):
+        tiny_config(corpus, **{**REGULAR, "model_parallel_size": 2})
