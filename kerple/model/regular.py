@@ -19,6 +19,7 @@ There is no KV cache: a new token can change the depth, and with it every hidden
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ from kerple.model.transformer import TokenEmbedding, TransformerLayer
 from kerple.positional.absolute import NoPositionalEmbedding
 
 REGULAR_IMPLS: tuple[str, ...] = ("eager", "flex", "auto")
+_NO_CACHE = "RegularGPT has no KV cache: its depth ceil(log_C T) changes with the length; generate without a cache"
 
 
 class DilatedSelfAttention(nn.Module):
@@ -61,11 +63,13 @@ class DilatedSelfAttention(nn.Module):
         return self.dense(output.transpose(1, 2).reshape(batch, length, width))
 
 
+@dataclass(frozen=True)
 class RegularContext:
     """What every block of one level needs: the kernel name, the dilation ``C**l``, the flex kernel."""
 
-    def __init__(self, impl: str, dilation: int, flex: DilatedFlexKernel) -> None:
-        self.impl, self.dilation, self.flex = impl, dilation, flex
+    impl: str
+    dilation: int
+    flex: DilatedFlexKernel
 
 
 class RegularLayer(TransformerLayer):
@@ -167,7 +171,8 @@ class RegularGPT(nn.Module):
         return impl
 
     def new_cache(self, window: int | None = None) -> Any:
-        raise ValueError("RegularGPT has no KV cache: its depth ceil(log_C T) changes with the length; generate without a cache")
+        """Refused: RegularGPT has no KV cache (see the module docstring)."""
+        raise ValueError(_NO_CACHE)
 
     def depth(self, length: int) -> int:
         """Levels ``L̄ = ceil(log_C T)`` run for ``length`` tokens (thesis §6.2.2)."""
@@ -177,7 +182,7 @@ class RegularGPT(nn.Module):
         """Final-normed hidden states ``[b, T, h]``: ``K·L̄`` layers, layer ``l·K + k`` is block ``k``
         with dilation ``C**l``."""
         if cache is not None:
-            self.new_cache()
+            raise ValueError(_NO_CACHE)
         training = self.training and torch.is_grad_enabled()
         impl = self.resolve_attention_impl(tokens.device.type, training, tokens.shape[1])
         positions = torch.arange(tokens.shape[1], device=tokens.device)
