@@ -165,6 +165,9 @@ def run(args: argparse.Namespace) -> str:
         raise GenerationError(f"--cache-window {args.cache_window}: keep at least one key (W >= 1)")
     yamls, overrides = split_arguments(args.configs)
     cfg = load_config(yamls, parse_overrides(overrides))
+    regular = cfg.model.arch == "regulargpt"  # no KV cache: its depth changes with the length (thesis §6.2.2)
+    if regular and args.cache_window is not None:
+        raise GenerationError("--cache-window: RegularGPT (arch regulargpt) has no KV cache; drop the option")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = build_model(cfg, flex_compile=False)
     load_any(model, args.load, args.iteration, cfg, args.trust_checkpoint)
@@ -183,6 +186,7 @@ def run(args: argparse.Namespace) -> str:
         top_k=args.top_k,
         top_p=args.top_p,
         cache_window=args.cache_window,
+        use_cache=not regular,
         generator=generator,
         eos_token_id=tokenizer.eod,
         vocab_limit=tokenizer.vocab_size,

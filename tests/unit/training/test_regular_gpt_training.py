@@ -56,3 +56,24 @@ def test_config_refusals_name_the_key(corpus: Path) -> None:
         tiny_config(corpus, **{**REGULAR, "attention_impl": "sdpa"})
     with pytest.raises(ConfigError, match="model_parallel_size"):
         tiny_config(corpus, **{**REGULAR, "model_parallel_size": 2})
+
+
+def test_generate_py_runs_without_a_cache(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import yaml
+
+    from kerple.checkpoint import NeoxAdapter, write_checkpoint
+    from kerple.config import load_config
+    from kerple.inference.generate import main
+
+    values = {**REGULAR, "hidden_size": 32, "num_attention_heads": 4, "vocab_size": 512, "seq_length": 64,
+              "tokenizer_type": "CharLevelTokenizer"}
+    config_file = tmp_path / "regular.yml"
+    config_file.write_text(yaml.safe_dump(values))
+    model = build_model(load_config([str(config_file)]), flex_compile=False)
+    state = NeoxAdapter.for_model(model).to_reference(model.state_dict())
+    write_checkpoint(tmp_path / "ckpt", state, iteration=1, args={"num_attention_heads": 4, "pos_emb": "none"})
+    argv = [str(config_file), "--load", str(tmp_path / "ckpt"), "--prompt", "regular", "--max-new-tokens", "5"]
+    assert main(argv) == 0
+    assert len(capsys.readouterr().out.rstrip("\n")) == len("regular") + 5
+    assert main(argv + ["--cache-window", "8"]) == 2
+    assert "no KV cache" in capsys.readouterr().err
