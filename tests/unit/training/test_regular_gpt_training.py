@@ -42,6 +42,14 @@ def test_train_save_and_load_round_trip(parallel, corpus: Path, tmp_path: Path) 
     assert torch.equal(fresh.layers[1].attention.relative_scalars, trained_scalars["attention.relative_scalars"])
     assert fresh.layers[1].attention.relative_scalars.abs().sum() > 0
 
+    from kerple.checkpoint.convert import main as convert_main
+
+    assert convert_main([str(save), str(tmp_path / "hf"), "--to", "hf"]) == 2  # no Hugging Face equivalent
+    assert convert_main([str(save), str(tmp_path / "copy"), "--to", "kerple"]) == 0
+    copied = build_model(tiny_config(corpus, **REGULAR))
+    assert ckpt.load_model_weights(copied, tmp_path / "copy") == 4
+    assert all(torch.equal(a, b) for a, b in zip(copied.state_dict().values(), fresh.state_dict().values()))
+
     other_chunk = tiny_config(corpus, **{**REGULAR, "regular_chunk_size": 2})
     with pytest.raises(ckpt.CheckpointError, match="regular_chunk_size"):
         ckpt.load_model_weights(build_model(other_chunk), save, cfg=other_chunk)
