@@ -156,3 +156,23 @@ def test_refusals_name_the_fix() -> None:
     model.set_attention("flex")
     with pytest.raises(ValueError, match="train RegularGPT with attention_impl: eager"):
         model.train()(torch.zeros(1, 4, dtype=torch.long))
+
+
+@pytest.mark.gpu
+def test_flex_forward_and_backward_agree_with_eager_on_cuda() -> None:
+    """On CUDA FlexAttention has a backward: logits and every gradient (the scalars r included) match eager."""
+    torch.manual_seed(3)
+    model = RegularGPT(chunk_size=2, thickness=2, hidden_size=64, num_attention_heads=4, padded_vocab_size=16).cuda()
+    for block in model.layers:
+        torch.nn.init.normal_(block.attention.relative_scalars)
+    tokens = torch.randint(0, 16, (2, 300), device="cuda")
+    results = {}
+    for impl in ("eager", "flex"):
+        model.zero_grad()
+        model.set_attention(impl)
+        logits = model(tokens)
+        logits.square().mean().backward()
+        results[impl] = (logits.detach(), [p.grad.clone() for p in model.parameters()])
+    torch.testing.assert_close(results["flex"][0], results["eager"][0], atol=1e-5, rtol=1e-5)
+    for flex_grad, eager_grad in zip(results["flex"][1], results["eager"][1]):
+        torch.testing.assert_close(flex_grad, eager_grad, atol=1e-4, rtol=1e-4)
