@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--chunk-size", type=int, default=2, help="RegularGPT's C (Eq. 6.1)")
     parser.add_argument("--thickness", type=int, default=1, help="RegularGPT's K (shared blocks)")
     parser.add_argument("--pos-emb", default="rpe", help="the transformer's embedding (kerple.positional registry)")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds S..S+N-1 (S: --first-seed)")
+    parser.add_argument("--first-seed", type=int, default=0, help="first seed S")
     parser.add_argument("--steps", type=int, default=RunSettings.steps)
     parser.add_argument("--batch-size", type=int, default=RunSettings.batch_size)
     parser.add_argument("--lr", type=float, default=RunSettings.learning_rate)
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         task = get_task(name)
         lengths = parse_lengths(args.test_lengths, task)
         for arch in args.arch:
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 record = run(task, arch, seed, settings, lengths, progress=args.progress)
                 results.append(record)
                 print(
