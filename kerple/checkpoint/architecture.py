@@ -45,8 +45,10 @@ _RECORDED_ARGS: tuple[tuple[str, str], ...] = (
     ("no_weight_tying", "model"),
     ("seq_length", "model"),
 )
+# Recorded only for RegularGPT (``model.arch: regulargpt``, thesis §6.2), so GPT records stay as they were.
+_REGULAR_ARGS: tuple[str, ...] = ("arch", "regular_chunk_size", "regular_thickness")
 # Model fields that change what the weights mean without changing their shapes.
-MODEL_OPTIONS: tuple[str, ...] = ("gpt_j_residual", "norm", "activation")
+MODEL_OPTIONS: tuple[str, ...] = ("gpt_j_residual", "norm", "activation", "arch", "regular_chunk_size", "regular_thickness")
 
 
 def positional_option_names() -> tuple[str, ...]:
@@ -71,6 +73,8 @@ def _plain(value: Any) -> Any:
 def architecture_args(cfg: Any) -> dict[str, Any]:
     """The ``args`` record of ``mp_rank_MM_model_states.pt`` for the config ``cfg``."""
     args = {name: _plain(getattr(getattr(cfg, section), name)) for name, section in _RECORDED_ARGS}
+    if cfg.model.arch == "regulargpt":
+        args.update({name: _plain(getattr(cfg.model, name)) for name in _REGULAR_ARGS})
     args["positional_options"] = {name: _plain(getattr(cfg.positional, name)) for name in positional_option_names()}
     return args
 
@@ -105,7 +109,8 @@ def checkpoint_architecture(ckpt: Any) -> dict[str, Any]:
 def _wanted(cfg: Any) -> dict[str, Any]:
     model = cfg.model
     wanted: dict[str, Any] = {
-        "num_layers": model.num_layers,
+        # RegularGPT (thesis §6.2.2) stores its regular_thickness shared blocks as its layers
+        "num_layers": model.regular_thickness if model.arch == "regulargpt" else model.num_layers,
         "hidden_size": model.hidden_size,
         "num_attention_heads": model.num_attention_heads,
         "padded_vocab_size": model.padded_vocab_size,

@@ -124,6 +124,11 @@ def convert(args: argparse.Namespace) -> Path:
             check_architecture(checkpoint_architecture(ckpt), cfg, ckpt.path, model_parallel_size=ckpt.model_parallel_size)
     else:
         cfg = load_config([], source_config)
+    if cfg.model.arch == "regulargpt" and args.to != "kerple":
+        raise CheckpointError(
+            f"{source}: a RegularGPT checkpoint (model.arch regulargpt) has no GPT-NeoX or Hugging Face "
+            "equivalent (Sliding-Dilated-Attention, shared blocks); convert it only with --to kerple"
+        )
     flat = cfg.to_dict()
     flat["padded_vocab_size"] = cfg.model.padded_vocab_size
     out = Path(args.output)

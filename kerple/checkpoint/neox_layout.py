@@ -43,7 +43,8 @@ QKV_KEY = "attention.query_key_value.weight"
 WORD_EMBEDDINGS = "word_embeddings.weight"
 POSITIONAL = "positional."
 _KEY = re.compile(r"^sequential\.(\d+)\.(.+)$")
-_LAYER_OWN = ("attention.query_key_value.", "attention.dense.")
+# a layer's own attention tensors; ``relative_scalars`` are RegularGPT's per-block r of thesis Eq. 6.1
+_LAYER_OWN = ("attention.query_key_value.", "attention.dense.", "attention.relative_scalars")
 
 
 def split_key(name: str) -> tuple[int, str]:

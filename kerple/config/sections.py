@@ -48,6 +48,15 @@ class ModelConfig:
     """Transformer shape, normalisation, initialisation and dropout (GPT-NeoX architecture)."""
 
     num_layers: int = setting(12, "Number of transformer layers.", minimum=1)
+    arch: Literal["gpt", "regulargpt"] = setting(
+        "gpt",
+        "gpt: the GPT-NeoX decoder; regulargpt: RegularGPT (thesis ch. 6), Sliding-Dilated-Attention with "
+        "adaptive depth ceil(log_C T) and regular_thickness shared blocks (needs pos_emb: none).",
+    )
+    regular_chunk_size: int = setting(2, "RegularGPT chunk size C of Eq. 6.1 (arch: regulargpt).", minimum=2)
+    regular_thickness: int = setting(
+        1, "RegularGPT thickness K: shared blocks, layer l*K+k reuses block k (arch: regulargpt; num_layers is unused).", minimum=1
+    )
     hidden_size: int = setting(768, "Model width h; must be divisible by num_attention_heads.", minimum=1)
     num_attention_heads: int = setting(12, "Number of attention heads H.", minimum=1)
     seq_length: int = setting(512, "Training sequence length (tokens per sample).", minimum=1)

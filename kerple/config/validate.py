@@ -171,6 +171,35 @@ def _model(cfg: Config) -> None:
         model.max_position_embeddings = model.seq_length
     multiple = model.make_vocab_size_divisible_by * cfg.parallelism.model_parallel_size
     model.padded_vocab_size = math.ceil(model.vocab_size / multiple) * multiple
+    if model.arch == "regulargpt":
+        _regular(cfg)
+
+
+def _regular(cfg: Config) -> None:
+    """RegularGPT (thesis §6.2) carries its own positions (Eq. 6.1) and mask: no other embedding or window."""
+    if cfg.positional.pos_emb != "none":
+        raise fail(
+            cfg,
+            f"{described(cfg, 'model.arch', 'regulargpt')} takes its positions from Eq. 6.1's scalars; "
+            f"set pos_emb: none, not {cfg.positional.pos_emb!r}",
+            "positional.pos_emb",
+        )
+    for ident in ("parallelism.model_parallel_size", "parallelism.pipe_parallel_size"):
+        size = getattr(cfg.parallelism, ident.split(".")[1])
+        if size > 1:
+            raise fail(
+                cfg,
+                f"arch: regulargpt runs its shared blocks a length-dependent number of times and cannot be split "
+                f"over ranks; set {ident.split('.')[1]}: 1, not {size}",
+                ident,
+            )
+    if cfg.attention.attention_impl == "sdpa" or cfg.attention.attention_window is not None:
+        raise fail(
+            cfg,
+            "arch: regulargpt runs attention_impl eager, flex or auto without an attention_window "
+            "(its mask is Sliding-Dilated-Attention)",
+            "attention.attention_impl",
+        )
 
 
 def positional_family(cfg: Config) -> Any:

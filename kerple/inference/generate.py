@@ -197,6 +197,9 @@ def run(args: argparse.Namespace) -> str:
     check_arguments(args)
     cfg = generation_config(args)
     data = cfg.data
+    regular = cfg.model.arch == "regulargpt"  # no KV cache: its depth changes with the length (thesis §6.2.2)
+    if regular and args.cache_window is not None:
+        raise GenerationError("--cache-window: RegularGPT (arch regulargpt) has no KV cache; drop the option")
     # The tokenizer first: a bad tokenizer file fails in a second, before the weights are read.
     tokenizer = build_tokenizer(data.tokenizer_type, data.vocab_file, data.merge_file, data.tokenizer_file)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -216,6 +219,7 @@ def run(args: argparse.Namespace) -> str:
         top_k=args.top_k,
         top_p=args.top_p,
         cache_window=args.cache_window,
+        use_cache=not regular,
         generator=generator,
         eos_token_id=tokenizer.eod,
         vocab_limit=tokenizer.vocab_size,

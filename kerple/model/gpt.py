@@ -304,9 +304,13 @@ def maybe_compile(model: GPTModel, cfg: Any) -> GPTModel:
 def build_model(cfg: Any, *, flex_compile: bool = True) -> GPTModel:
     """Build the model of ``cfg`` (a :class:`kerple.config.Config`; uses ``cfg.model``,
     ``cfg.positional``, ``cfg.attention`` and ``cfg.training``) with its positional embedding from
-    the registry."""
+    the registry; ``model.arch: regulargpt`` builds :class:`kerple.model.regular.RegularGPT`."""
     from kerple import positional as positional_registry
 
+    if cfg.model.arch == "regulargpt":
+        from kerple.model.regular import build_regular_model
+
+        return build_regular_model(cfg, flex_compile=flex_compile)
     model_cfg, positional_cfg, attention_cfg, training_cfg = cfg.model, cfg.positional, cfg.attention, cfg.training
     max_positions = model_cfg.max_position_embeddings or model_cfg.seq_length
     epsilon = {

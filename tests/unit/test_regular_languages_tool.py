@@ -1,0 +1,55 @@
+"""tools/regular_languages.py: the JSON records, the Max/Avg table of Table 6.1, the plot, refusals."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from kerple.regular_languages.bench import summary_rows, summary_table
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("tool_regular_languages", REPO / "tools" / "regular_languages.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_max_and_avg_over_seeds() -> None:
+    records = [
+        {"task": "parity_check", "arch": "rnn", "mean_accuracy": value} for value in (1.0, 0.5, 0.75)
+    ] + [{"task": "parity_check", "arch": "regulargpt", "mean_accuracy": 0.6}]
+    rows = {(r["task"], r["arch"]): r for r in summary_rows(records)}
+    assert rows["parity_check", "rnn"]["max"] == pytest.approx(100.0)
+    assert rows["parity_check", "rnn"]["avg"] == pytest.approx(75.0)
+    assert rows["parity_check", "rnn"]["seeds"] == 3
+    assert "| parity_check | 100.0 / 75.0 (3) | 60.0 / 60.0 (1) |" in summary_table(list(rows.values()))
+
+
+def test_tool_writes_results_table_and_plot(tmp_path: Path) -> None:
+    output = tmp_path / "out.json"
+    argv = ["--task", "parity_check", "--arch", "regulargpt", "transformer", "rnn", "--seeds", "2", "--steps", "2",
+            "--batch-size", "4", "--hidden-size", "16", "--eval-samples", "6", "--test-lengths", "41,50,64",
+            "--probability", "0.3", "--output", str(output)]
+    assert load_tool().main(argv) == 0
+    doc = json.loads(output.read_text())
+    assert len(doc["results"]) == 6
+    for record in doc["results"]:
+        assert record["task"] == "parity_check" and record["train_max_length"] == 40
+        assert list(record["accuracy"]) == ["41", "50", "64"]
+        assert record["mean_accuracy"] == pytest.approx(sum(record["accuracy"].values()) / 3)
+        assert record["settings"]["probability"] == 0.3
+    assert {(r["arch"], r["seeds"]) for r in doc["summary"]} == {("regulargpt", 2), ("transformer", 2), ("rnn", 2)}
+    assert output.with_suffix(".md").read_text().startswith("| task |")
+    assert output.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_lengths_are_a_user_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    argv = ["--task", "tomita3", "--arch", "rnn", "--test-lengths", "a:b", "--output", str(tmp_path / "x.json")]
+    assert load_tool().main(argv) == 2
+    assert "--test-lengths" in capsys.readouterr().err
