@@ -355,6 +355,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model, load_dir, iteration = load_trained_model(cfg, args.load, args.iteration, trust=args.trust_checkpoint)
     model.to(device).eval()
     print(f"loaded {load_dir} at iteration {iteration}", file=sys.stderr)
+    for length in lengths:  # a model that takes no temperature refuses before any window is scored
+        try:
+            model.set_temperature(temperature_for(args.softmax_temperature, length, cfg.model.seq_length))
+        except ValueError as error:
+            raise EvaluationError(f"--softmax-temperature: {error}") from None
     documents = load_split_documents(cfg, args.split)
     stream = np.concatenate(documents)
     document_of = np.repeat(np.arange(len(documents)), [len(d) for d in documents]) if args.per_document else None

@@ -56,3 +56,13 @@ def test_tiny_config_trains_and_evaluates(tmp_path: Path) -> None:
     rows = json.loads(output.read_text())["results"]
     assert [r["input_length"] for r in rows] == [31, 63, 127]
     assert all(0.0 < r["loss"] < 10.0 for r in rows)
+    # A softmax temperature (thesis §5.4) is for biased attention; RegularGPT refuses it in one line, writing nothing.
+    refused = tmp_path / "tau.json"
+    done = subprocess.run(
+        [sys.executable, "evaluate.py", *arguments, "--load", str(checkpoints), "--eval-lengths", "64",
+         "--softmax-temperature", "0.7", "--output", str(refused), "--no-progress"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "RegularGPT" in done.stderr and "Traceback" not in done.stderr
+    assert not refused.exists()
