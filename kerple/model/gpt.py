@@ -301,6 +301,28 @@ def maybe_compile(model: GPTModel, cfg: Any) -> GPTModel:
     return model
 
 
+def model_arguments(model_cfg: Any) -> dict[str, Any]:
+    """The constructor arguments every decoder of this project takes from the ``model`` section
+    (sizes, norm, activation, residual form, weight tying, dropout, initialisation)."""
+    epsilon = {"rmsnorm": model_cfg.rms_norm_epsilon, "scalenorm": model_cfg.scalenorm_epsilon}.get(
+        model_cfg.norm, model_cfg.layernorm_epsilon
+    )
+    return {
+        "hidden_size": model_cfg.hidden_size,
+        "num_attention_heads": model_cfg.num_attention_heads,
+        "padded_vocab_size": model_cfg.padded_vocab_size,
+        "norm": model_cfg.norm,
+        "layernorm_epsilon": epsilon,
+        "activation": model_cfg.activation,
+        "gpt_j_residual": model_cfg.gpt_j_residual,
+        "no_weight_tying": model_cfg.no_weight_tying,
+        "hidden_dropout": model_cfg.hidden_dropout,
+        "init_method": model_cfg.init_method,
+        "output_layer_init_method": model_cfg.output_layer_init_method,
+        "init_method_std": model_cfg.init_method_std,
+    }
+
+
 def build_model(cfg: Any, *, flex_compile: bool = True) -> GPTModel:
     """Build the model of ``cfg`` (a :class:`kerple.config.Config`; uses ``cfg.model``,
     ``cfg.positional``, ``cfg.attention`` and ``cfg.training``) with its positional embedding from
@@ -313,10 +335,6 @@ def build_model(cfg: Any, *, flex_compile: bool = True) -> GPTModel:
         return build_regular_model(cfg, flex_compile=flex_compile)
     model_cfg, positional_cfg, attention_cfg, training_cfg = cfg.model, cfg.positional, cfg.attention, cfg.training
     max_positions = model_cfg.max_position_embeddings or model_cfg.seq_length
-    epsilon = {
-        "rmsnorm": model_cfg.rms_norm_epsilon,
-        "scalenorm": model_cfg.scalenorm_epsilon,
-    }.get(model_cfg.norm, model_cfg.layernorm_epsilon)
     positional = positional_registry.build(
         positional_cfg.pos_emb,
         num_heads=model_cfg.num_attention_heads,
@@ -326,21 +344,10 @@ def build_model(cfg: Any, *, flex_compile: bool = True) -> GPTModel:
         **positional_cfg.options(),
     )
     return GPTModel(
+        **model_arguments(model_cfg),
         num_layers=model_cfg.num_layers,
-        hidden_size=model_cfg.hidden_size,
-        num_attention_heads=model_cfg.num_attention_heads,
-        padded_vocab_size=model_cfg.padded_vocab_size,
         positional=positional,
-        norm=model_cfg.norm,
-        layernorm_epsilon=epsilon,
-        activation=model_cfg.activation,
-        gpt_j_residual=model_cfg.gpt_j_residual,
-        no_weight_tying=model_cfg.no_weight_tying,
-        hidden_dropout=model_cfg.hidden_dropout,
         attention_dropout=model_cfg.attention_dropout,
-        init_method=model_cfg.init_method,
-        output_layer_init_method=model_cfg.output_layer_init_method,
-        init_method_std=model_cfg.init_method_std,
         attention_impl=attention_cfg.attention_impl,
         attention_window=attention_cfg.attention_window,
         flex_compile=flex_compile,

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kerple.model.dilated_attention import DilatedFlexKernel, adaptive_depth, eager_dilated_attention
-from kerple.model.gpt import GPTModel
+from kerple.model.gpt import GPTModel, model_arguments
 from kerple.model.init import init_function
 from kerple.model.mlp import build_norm
 from kerple.model.transformer import TokenEmbedding, TransformerLayer
@@ -206,25 +206,10 @@ class RegularGPT(nn.Module):
 
 def build_regular_model(cfg: Any, *, flex_compile: bool = True) -> RegularGPT:
     """The RegularGPT of ``cfg`` (``model.arch: regulargpt``; ``regular_chunk_size``, ``regular_thickness``)."""
-    model_cfg = cfg.model
-    epsilon = {"rmsnorm": model_cfg.rms_norm_epsilon, "scalenorm": model_cfg.scalenorm_epsilon}.get(
-        model_cfg.norm, model_cfg.layernorm_epsilon
-    )
     return RegularGPT(
-        chunk_size=model_cfg.regular_chunk_size,
-        thickness=model_cfg.regular_thickness,
-        hidden_size=model_cfg.hidden_size,
-        num_attention_heads=model_cfg.num_attention_heads,
-        padded_vocab_size=model_cfg.padded_vocab_size,
-        norm=model_cfg.norm,
-        layernorm_epsilon=epsilon,
-        activation=model_cfg.activation,
-        gpt_j_residual=model_cfg.gpt_j_residual,
-        no_weight_tying=model_cfg.no_weight_tying,
-        hidden_dropout=model_cfg.hidden_dropout,
-        init_method=model_cfg.init_method,
-        output_layer_init_method=model_cfg.output_layer_init_method,
-        init_method_std=model_cfg.init_method_std,
+        **model_arguments(cfg.model),
+        chunk_size=cfg.model.regular_chunk_size,
+        thickness=cfg.model.regular_thickness,
         attention_impl=cfg.attention.attention_impl,
         flex_compile=flex_compile,
     )
