@@ -11,17 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "training"
 
 from kerple import positional  # noqa: E402
 from kerple.training.trainer import Trainer  # noqa: E402
-from tiny_run import single_process_group, tiny_config, write_corpus  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def parallel():
-    yield from single_process_group()
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("data") / "corpus")
+from tiny_run import corpus, parallel, tiny_config  # noqa: E402
 
 
 @pytest.mark.parametrize("name", positional.names())

@@ -17,17 +17,7 @@ from kerple import atomic
 from kerple import checkpoint as ckpt
 from kerple.checkpoint import NeoxAdapter
 from kerple.training.trainer import Trainer, TrainingDivergedError, TrainingError
-from tiny_run import single_process_group, tiny_config, train, write_corpus
-
-
-@pytest.fixture(scope="module")
-def parallel():
-    yield from single_process_group()
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("data") / "corpus")
+from tiny_run import corpus, parallel, tiny_config, train
 
 
 @pytest.fixture(scope="module")

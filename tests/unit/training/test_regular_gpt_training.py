@@ -11,19 +11,9 @@ from kerple import checkpoint as ckpt
 from kerple.config import ConfigError
 from kerple.model import build_model
 from kerple.model.regular import RegularGPT
-from tiny_run import single_process_group, tiny_config, train, write_corpus
+from tiny_run import corpus, parallel, tiny_config, train
 
 REGULAR = {"arch": "regulargpt", "pos_emb": "none", "regular_chunk_size": 4, "regular_thickness": 2}
-
-
-@pytest.fixture(scope="module")
-def parallel():
-    yield from single_process_group()
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("data") / "corpus")
 
 
 def test_train_save_and_load_round_trip(parallel, corpus: Path, tmp_path: Path) -> None:

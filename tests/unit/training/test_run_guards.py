@@ -15,17 +15,7 @@ from kerple.checkpoint import files
 from kerple.training.errors import TrainingError
 from kerple.training.lock import LOCK_NAME, SaveLock
 from kerple.training.trainer import Trainer
-from tiny_run import REPO, single_process_group, tiny_config, train, write_corpus
-
-
-@pytest.fixture(scope="module")
-def parallel():
-    yield from single_process_group()
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("data") / "corpus")
+from tiny_run import REPO, corpus, parallel, tiny_config, train, write_corpus
 
 
 def test_missing_load_is_an_error_unless_it_is_save(parallel, corpus: Path, tmp_path: Path) -> None:

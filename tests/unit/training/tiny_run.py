@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+import pytest
 
 from kerple.config import Config, load_config
 from kerple.data.indexed_dataset import IndexedDatasetWriter
@@ -123,3 +124,15 @@ def train(cfg: Config, parallel: Any) -> Any:
         return trainer.train()
     finally:
         trainer.close()
+
+
+@pytest.fixture(scope="module")
+def parallel() -> Iterator[Any]:
+    """A one-process group for a test module (import this fixture by name)."""
+    yield from single_process_group()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small synthetic corpus shared by a test module (import this fixture by name)."""
+    return write_corpus(tmp_path_factory.mktemp("data") / "corpus")
