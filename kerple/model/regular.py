@@ -28,7 +28,6 @@ from torch import nn
 
 from kerple.model.dilated_attention import DilatedFlexKernel, adaptive_depth, eager_dilated_attention
 from kerple.model.gpt import GPTModel, model_arguments
-from kerple.model.init import init_function
 from kerple.model.mlp import build_norm
 from kerple.model.transformer import TokenEmbedding, TransformerLayer
 from kerple.positional.absolute import NoPositionalEmbedding
@@ -88,6 +87,7 @@ class RegularGPT(nn.Module):
 
     lm_head_weight = GPTModel.lm_head_weight
     chunked_loss = GPTModel.chunked_loss
+    _init_weights = GPTModel._init_weights  # docs/reference-format.md §4, with the K blocks as the layer count
 
     def __init__(
         self,
@@ -133,23 +133,6 @@ class RegularGPT(nn.Module):
         self.attention_impl = "eager"
         self.set_attention(attention_impl)
         self._init_weights(init_method, output_layer_init_method, init_method_std)
-
-    def _init_weights(self, init_method: str, output_layer_init_method: str, std: float) -> None:
-        """As :class:`GPTModel` (docs/reference-format.md §4), with ``K`` blocks as the layer count."""
-        sizes = {"std": std, "num_layers": self.num_layers, "hidden_size": self.hidden_size}
-        init_weight, init_output = init_function(init_method, **sizes), init_function(output_layer_init_method, **sizes)
-        init_weight(self.embedding.word_embeddings.weight)
-        for layer in self.layers:
-            for linear, init in (
-                (layer.attention.query_key_value, init_weight),
-                (layer.attention.dense, init_output),
-                (layer.mlp.dense_h_to_4h, init_weight),
-                (layer.mlp.dense_4h_to_h, init_output),
-            ):
-                init(linear.weight)
-                nn.init.zeros_(linear.bias)
-        if self.lm_head is not None:
-            init_weight(self.lm_head.weight)
 
     # --- the GPTModel interface used by training, evaluation and generation ----------------
     def set_attention(self, impl: str | None = None, window: int | None | str = "keep") -> None:
