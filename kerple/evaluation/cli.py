@@ -339,6 +339,15 @@ def results_document(
     }
 
 
+def check_model_temperatures(model: Any, setting: str, lengths: list[int], train_length: int) -> None:
+    """Refuse, before any window is scored, a temperature the model cannot take (RegularGPT takes none)."""
+    for length in lengths:
+        try:
+            model.set_temperature(temperature_for(setting, length, train_length))
+        except ValueError as error:
+            raise EvaluationError(f"--softmax-temperature: {error}") from None
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Load config and checkpoint, evaluate every length, write the results document after every
     length (``complete`` false until the last) and return it."""
@@ -355,11 +364,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model, load_dir, iteration = load_trained_model(cfg, args.load, args.iteration, trust=args.trust_checkpoint)
     model.to(device).eval()
     print(f"loaded {load_dir} at iteration {iteration}", file=sys.stderr)
-    for length in lengths:  # a model that takes no temperature refuses before any window is scored
-        try:
-            model.set_temperature(temperature_for(args.softmax_temperature, length, cfg.model.seq_length))
-        except ValueError as error:
-            raise EvaluationError(f"--softmax-temperature: {error}") from None
+    check_model_temperatures(model, args.softmax_temperature, lengths, cfg.model.seq_length)
     documents = load_split_documents(cfg, args.split)
     stream = np.concatenate(documents)
     document_of = np.repeat(np.arange(len(documents)), [len(d) for d in documents]) if args.per_document else None
