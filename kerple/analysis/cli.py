@@ -22,7 +22,7 @@ from kerple.analysis import (
     align_temperature, attention_stats, nope_variance, position_probe, receptive_field, retrieval,
 )
 from kerple.analysis.common import (
-    add_model_arguments, analysis_config, check_lengths, checkpoint_folder, device_of, load_model, parse_lengths,
+    add_model_arguments, check_lengths, config_of, checkpoint_folder, device_of, load_model, parse_lengths,
     png_beside, sample_windows, save_figure, temperature_at, write_json,
 )
 from kerple.analysis.errors import AnalysisError
@@ -51,7 +51,7 @@ def gradient_kernel(model: torch.nn.Module, device: torch.device) -> str:
 
 
 def run_receptive_field(args: argparse.Namespace) -> None:
-    cfg = analysis_config(args.configs)
+    cfg = config_of(args)
     check_lengths(cfg, [args.length])
     for load in args.load or [None]:
         checkpoint_folder(cfg, load)  # every folder exists before any work
@@ -73,7 +73,7 @@ def run_receptive_field(args: argparse.Namespace) -> None:
 
 
 def run_attention_stats(args: argparse.Namespace) -> None:
-    cfg = analysis_config(args.configs)
+    cfg = config_of(args)
     lengths = parse_lengths(args.lengths)
     check_lengths(cfg, lengths)
     taus = [temperature_at(args.temperature, length, cfg.model.seq_length) for length in lengths]
@@ -90,7 +90,7 @@ def run_attention_stats(args: argparse.Namespace) -> None:
 
 
 def run_align_temperature(args: argparse.Namespace) -> None:
-    cfg = analysis_config(args.configs)
+    cfg = config_of(args)
     train_length = args.train_length or cfg.model.seq_length
     if args.length <= train_length:
         raise AnalysisError(f"--length {args.length} must exceed --train-length {train_length} (Algorithm 1 aligns "
@@ -143,7 +143,7 @@ class TemperedModel:
 def run_retrieval(args: argparse.Namespace) -> None:
     from kerple.data.tokenizers import build_tokenizer
 
-    cfg = analysis_config(args.configs)
+    cfg = config_of(args)
     lengths = parse_lengths(args.lengths)
     check_lengths(cfg, lengths)
     settings = [part.strip() for part in args.temperatures.split(",") if part.strip()]
@@ -175,7 +175,7 @@ def run_retrieval(args: argparse.Namespace) -> None:
 def run_nope_variance(args: argparse.Namespace) -> None:
     from kerple.model import build_model
 
-    cfg = analysis_config(args.configs, attention_impl="eager")
+    cfg = config_of(args, attention_impl="eager")
     check_lengths(cfg, [args.length])
     if not 0.0 < args.sigma:
         raise AnalysisError(f"--sigma {args.sigma}: the weights' standard deviation must be positive")
@@ -199,7 +199,7 @@ def run_nope_variance(args: argparse.Namespace) -> None:
 
 
 def run_position_probe(args: argparse.Namespace) -> None:
-    cfg = analysis_config(args.configs)
+    cfg = config_of(args)
     check_lengths(cfg, [args.length])
     model, folder, iteration = load_model(cfg, single_load(args), args)
     windows = sample_windows(cfg, args.length, args.num_sequences, args.seed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,9 @@ ANALYSIS_FORMAT = "kerple-analysis-1"
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, load_required: bool = True) -> None:
     """``<ymls> [key=value ...] --load DIR [--iteration N]`` as in ``evaluate.py``, plus device and progress."""
-    parser.add_argument("configs", nargs="+", help="YAML config files merged in order, then key=value overrides")
+    parser.add_argument("configs", nargs="*",
+                        help="YAML config files merged in order, then key=value overrides "
+                             "(no YAML: the run's config from the first --load's checkpoint configs/)")
     parser.add_argument("--load", action="append",
                         help="checkpoint directory (default: the config's load, else save)"
                         + ("; repeat it to compare runs" if load_required else ""))
@@ -40,6 +43,25 @@ def analysis_config(words: list[str], **overrides: Any) -> Any:
     merged = {k: v for k, v in parse_overrides(override_words).items() if normalize_key(k) != "train_iters"}
     merged.update({"train_iters": 0, **{k: v for k, v in overrides.items() if v is not None}})
     return load_config(yamls, merged)
+
+
+def config_of(args: argparse.Namespace, **overrides: Any) -> Any:
+    """The analysis config of a subcommand's ``<ymls> key=value ... --load DIR``; with no YAML file,
+    the run's own config from the first ``--load`` checkpoint's ``configs/`` (as ``evaluate.py``)."""
+    from kerple.checkpoint.files import checkpoint_config_files
+
+    yamls, _ = split_arguments(args.configs)
+    words = list(args.configs)
+    if not yamls:
+        load = (args.load or [None])[0]
+        if load is None:
+            raise AnalysisError("no config: name the run's YAML files, or pass --load DIR of a checkpoint with configs/")
+        if not Path(load).is_dir():
+            raise AnalysisError(f"no checkpoint: --load {load} is not a folder; pass --load DIR holding a trained run")
+        files = checkpoint_config_files(load, args.iteration)
+        print(f"config: {', '.join(files)} (from the checkpoint)", file=sys.stderr)
+        words = [*files, *words]
+    return analysis_config(words, **overrides)
 
 
 def checkpoint_folder(cfg: Any, load: str | None) -> str:

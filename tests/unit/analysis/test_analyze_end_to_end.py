@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -76,3 +77,21 @@ def test_evaluate_with_the_log_temperature(setup: tuple[list[str], Path]) -> Non
     plain, tempered = ({r["length"]: r["ppl"] for r in results[s]["results"]} for s in ("1", "log"))
     assert tempered[8] == pytest.approx(plain[8], rel=1e-6)
     assert tempered[32] != pytest.approx(plain[32], rel=1e-4)
+
+
+def test_load_without_yaml_reads_the_checkpoint_configs(setup: tuple[list[str], Path], tmp_path: Path) -> None:
+    """As evaluate.py: ``--load DIR`` and no YAML takes the run's config from the checkpoint's configs/."""
+    words, folder = setup
+    run_dir = tmp_path / "run"
+    shutil.copytree(FIXTURES / "trainer-alibi", run_dir)
+    tag = (run_dir / "latest").read_text().strip()
+    (run_dir / tag / "configs").mkdir()
+    shutil.copy(words[0], run_dir / tag / "configs" / "resolved.yml")
+    with_yaml = run(setup, "attention-stats", "--lengths", "8,16", "--num-sequences", "2")
+    output = folder / "from-checkpoint.json"
+    assert cli.main(["attention-stats", "--load", str(run_dir), "--no-progress", "--lengths", "8,16",
+                     "--num-sequences", "2", "--output", str(output)]) == 0
+    assert json.loads(output.read_text())["lengths"] == with_yaml["lengths"]
+    missing = folder / "missing.json"
+    assert cli.main(["attention-stats", "--lengths", "8", "--output", str(missing)]) == 2  # no YAML, no --load
+    assert not missing.exists()
