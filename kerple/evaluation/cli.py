@@ -387,7 +387,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result = evaluate_plan(
                 loss_fn, stream, plan, batch_size=batch, per_position=args.per_position, device=device,
                 progress=not args.no_progress, document_of=document_of,
-                on_windows=lambda k, c=cost: overall.update(k * c * rate),
+                on_windows=lambda k, c=cost: overall.update(min(k * c * rate, overall.total - overall.n)),  # no float overshoot
             )
             results.append(result)
             overall.write(f"L={plan.length}: loss {result.loss:.4f}  ppl {result.ppl:.3f}", file=sys.stderr)
