@@ -26,6 +26,7 @@ from kerple.analysis.common import (
     png_beside, sample_windows, save_figure, temperature_at, write_json,
 )
 from kerple.analysis.errors import AnalysisError
+from kerple.config import split_arguments
 from kerple.errors import entry_point
 
 
@@ -57,8 +58,9 @@ def run_receptive_field(args: argparse.Namespace) -> None:
         checkpoint_folder(cfg, load)  # every folder exists before any work
     windows = sample_windows(cfg, args.length + 1, args.num_sequences, args.seed)
     runs = {}
+    own_configs = not split_arguments(args.configs)[0]  # no YAML: every run is read with its own config
     for index, load in enumerate(args.load or [None]):
-        model, folder, iteration = load_model(cfg, load, args)
+        model, folder, iteration = load_model(config_of(args, load) if own_configs and load else cfg, load, args)
         model.set_attention(gradient_kernel(model, device_of(args)))
         label = args.labels.split(",")[index] if args.labels else folder
         runs[label] = {"load": folder, "iteration": iteration,

@@ -45,15 +45,16 @@ def analysis_config(words: list[str], **overrides: Any) -> Any:
     return load_config(yamls, merged)
 
 
-def config_of(args: argparse.Namespace, **overrides: Any) -> Any:
+def config_of(args: argparse.Namespace, load: str | None = None, **overrides: Any) -> Any:
     """The analysis config of a subcommand's ``<ymls> key=value ... --load DIR``; with no YAML file,
-    the run's own config from the first ``--load`` checkpoint's ``configs/`` (as ``evaluate.py``)."""
+    the run's own config from the ``configs/`` of checkpoint ``load`` (default: the first
+    ``--load``), as ``evaluate.py`` does."""
     from kerple.checkpoint.files import checkpoint_config_files
 
     yamls, _ = split_arguments(args.configs)
     words = list(args.configs)
     if not yamls:
-        load = (args.load or [None])[0]
+        load = load or (args.load or [None])[0]
         if load is None:
             raise AnalysisError("no config: name the run's YAML files, or pass --load DIR of a checkpoint with configs/")
         if not Path(load).is_dir():

@@ -79,14 +79,20 @@ def test_evaluate_with_the_log_temperature(setup: tuple[list[str], Path]) -> Non
     assert tempered[32] != pytest.approx(plain[32], rel=1e-4)
 
 
+def run_with_configs(fixture: str, config_file: str, pos_emb: str, destination: Path) -> Path:
+    """A copy of a fixture run whose checkpoint holds ``configs/resolved.yml`` (``config_file`` with ``pos_emb``)."""
+    shutil.copytree(FIXTURES / fixture, destination)
+    tag = (destination / "latest").read_text().strip()
+    (destination / tag / "configs").mkdir()
+    config = {**json.loads(Path(config_file).read_text()), "pos_emb": pos_emb}
+    (destination / tag / "configs" / "resolved.yml").write_text(json.dumps(config))
+    return destination
+
+
 def test_load_without_yaml_reads_the_checkpoint_configs(setup: tuple[list[str], Path], tmp_path: Path) -> None:
     """As evaluate.py: ``--load DIR`` and no YAML takes the run's config from the checkpoint's configs/."""
     words, folder = setup
-    run_dir = tmp_path / "run"
-    shutil.copytree(FIXTURES / "trainer-alibi", run_dir)
-    tag = (run_dir / "latest").read_text().strip()
-    (run_dir / tag / "configs").mkdir()
-    shutil.copy(words[0], run_dir / tag / "configs" / "resolved.yml")
+    run_dir = run_with_configs("trainer-alibi", words[0], "alibi", tmp_path / "run")
     with_yaml = run(setup, "attention-stats", "--lengths", "8,16", "--num-sequences", "2")
     output = folder / "from-checkpoint.json"
     assert cli.main(["attention-stats", "--load", str(run_dir), "--no-progress", "--lengths", "8,16",
@@ -95,3 +101,16 @@ def test_load_without_yaml_reads_the_checkpoint_configs(setup: tuple[list[str], 
     missing = folder / "missing.json"
     assert cli.main(["attention-stats", "--lengths", "8", "--output", str(missing)]) == 2  # no YAML, no --load
     assert not missing.exists()
+
+
+def test_several_runs_without_yaml_each_use_their_own_config(setup: tuple[list[str], Path], tmp_path: Path) -> None:
+    """receptive-field compares runs of different embeddings when each checkpoint names its own config."""
+    words, folder = setup
+    alibi = run_with_configs("trainer-alibi", words[0], "alibi", tmp_path / "alibi")
+    rotary = run_with_configs("trainer-rotary", words[0], "rotary", tmp_path / "rotary")
+    output = folder / "two-runs.json"
+    assert cli.main(["receptive-field", "--load", str(alibi), "--load", str(rotary), "--length", "16",
+                     "--num-sequences", "2", "--no-progress", "--output", str(output)]) == 0
+    runs = json.loads(output.read_text())["runs"]
+    assert sorted(runs) == sorted([str(alibi), str(rotary)])
+    assert all(run["cumulative"][-1] == pytest.approx(1.0) for run in runs.values())
