@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ import numpy as np
 import torch
 
 from kerple.analysis.errors import AnalysisError
-from kerple.atomic import write_bytes_atomic, write_json_atomic
+from kerple.atomic import write_json_atomic
 from kerple.config import load_config, parse_overrides, split_arguments
 from kerple.config.neox_keys import normalize_key
 from kerple.evaluation.errors import EvaluationError
@@ -137,12 +136,9 @@ def write_json(path: str | Path, doc: dict[str, Any]) -> Path:
 
 def save_figure(figure: Any, path: str | Path) -> Path:
     """A matplotlib figure as PNG, written atomically; the figure is closed."""
-    import matplotlib.pyplot as plt
+    from kerple.evaluation.plots import save_figure as save_png
 
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    plt.close(figure)
-    return write_bytes_atomic(path, buffer.getvalue())
+    return save_png(figure, path, dpi=110)
 
 
 def png_beside(output: str | Path, plot: str | None) -> Path:

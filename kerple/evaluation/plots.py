@@ -33,12 +33,12 @@ KERNEL_MAX_DISTANCE = 20480  # Figs. 2-4 and 6 span |m - n| in [0, 20480]
 EFFECTIVE_LENGTH_THRESHOLD = -2.0  # Appendix A.5: a bias of -2 or less strongly attenuates softmax
 
 
-def _save(fig: plt.Figure, path: str | Path) -> Path:
-    """Write the figure atomically (:func:`kerple.atomic.atomic_path`; no half-written PNGs), close it."""
+def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 120) -> Path:
+    """Write the figure as PNG atomically (:func:`kerple.atomic.atomic_path`; no half-written PNGs), close it."""
     path = Path(path)
     try:
         with atomic_path(path, suffix=".png") as temporary:
-            fig.savefig(temporary, dpi=120, bbox_inches="tight")
+            fig.savefig(temporary, dpi=dpi, bbox_inches="tight")
     finally:
         plt.close(fig)
     return path
@@ -70,7 +70,7 @@ def plot_ppl_vs_length(
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _plain_log_axis(axis: object) -> None:
@@ -121,7 +121,7 @@ def plot_position_wise(
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def positional_module(model: nn.Module) -> PositionalEmbedding:
@@ -154,7 +154,7 @@ def plot_kernels(table: np.ndarray, path: str | Path, *, title: str = "Learned k
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, ncol=2 if table.shape[0] > 6 else 1)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def effective_lengths(table: np.ndarray, threshold: float = EFFECTIVE_LENGTH_THRESHOLD) -> list[int | None]:
@@ -198,4 +198,4 @@ def plot_effective_lengths(
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
