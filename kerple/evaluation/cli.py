@@ -45,6 +45,7 @@ from kerple.evaluation.runner import (
     format_table,
     load_split_documents,
     model_loss_fn,
+    window_tokens,
 )
 
 RESULTS_FORMAT = "kerple-eval-1"
@@ -150,13 +151,12 @@ def seconds_per_cost(
     """Seconds per FLOP of :func:`window_cost`, timed on the first batch of ``plan`` (best of two)."""
     count = min(batch, plan.num_windows)
     index = np.arange(count)
-    tokens = torch.as_tensor(stream, dtype=torch.long)
-    rows = tokens[torch.from_numpy(plan.starts[index])[:, None] + torch.arange(plan.input_length + 1)[None, :]]
+    tokens, labels = window_tokens(torch.as_tensor(stream, dtype=torch.long), plan, index)
     best = math.inf
     with torch.no_grad():
         for _ in range(2):
             begin = time.perf_counter()
-            loss_fn(rows[:, :-1].to(device), rows[:, 1:].to(device), int(plan.score_from[index].min()))
+            loss_fn(tokens.to(device), labels.to(device), int(plan.score_from[index].min()))
             best = min(best, time.perf_counter() - begin)
     return best / (count * cost)
 

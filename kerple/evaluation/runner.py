@@ -199,7 +199,7 @@ def cache_window_loss_fn(model: nn.Module, cache_window: int) -> LossFn:
     return loss
 
 
-def _windows(stream: torch.Tensor, plan: WindowPlan, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+def window_tokens(stream: torch.Tensor, plan: WindowPlan, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """Input and label tokens ``[b, n]`` of the windows ``index`` of ``plan``."""
     offsets = torch.arange(plan.input_length + 1)
     starts = torch.from_numpy(plan.starts[index])
@@ -276,7 +276,7 @@ def evaluate_plan(
     )
     for first in range(0, plan.num_windows, batch_size):
         index = np.arange(first, min(first + batch_size, plan.num_windows))
-        tokens, labels = _windows(stream, plan, index)
+        tokens, labels = window_tokens(stream, plan, index)
         first = int(plan.score_from[index].min())
         losses = loss_fn(tokens.to(device), labels.to(device), first).double().cpu()  # [b, n - first]
         sums.add(losses, torch.from_numpy(plan.score_from[index]), torch.from_numpy(plan.starts[index]), first)
