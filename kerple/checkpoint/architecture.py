@@ -48,7 +48,7 @@ _RECORDED_ARGS: tuple[tuple[str, str], ...] = (
 # Recorded only for RegularGPT (``model.arch: regulargpt``, thesis §6.2), so GPT records stay as they were.
 _REGULAR_ARGS: tuple[str, ...] = ("arch", "regular_chunk_size", "regular_thickness")
 # Model fields that change what the weights mean without changing their shapes.
-MODEL_OPTIONS: tuple[str, ...] = ("gpt_j_residual", "norm", "activation", "arch", "regular_chunk_size", "regular_thickness")
+MODEL_OPTIONS: tuple[str, ...] = ("gpt_j_residual", "norm", "activation", *_REGULAR_ARGS)
 
 
 def positional_option_names() -> tuple[str, ...]:
