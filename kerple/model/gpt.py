@@ -7,8 +7,8 @@ and ``lm_head`` (``nn.Linear`` without bias, or ``None`` when tied to the word e
 model knows nothing of how checkpoints store it: GPT-NeoX's ``sequential.<N>`` names, their index
 gaps and the per-layer copies of the positional tensors are :mod:`kerple.checkpoint.neox_layout`'s.
 
-The distance tables are computed ONCE per forward and handed to every layer in an
-:class:`~kerple.model.attention.AttentionContext`.
+The distance tables (and, for ``flex``, the embedding's closed-form logit term) are computed ONCE
+per forward and handed to every layer in an :class:`~kerple.model.attention.AttentionContext`.
 
 Activation checkpointing (``checkpoint_activations``, ``checkpoint_num_layers`` = N): in a training
 forward with autograd on and no KV cache, each group of N transformer layers runs under
@@ -194,6 +194,9 @@ class GPTModel(nn.Module):
         temperature = self.softmax_temperature
         if bias_table is not None and temperature != 1.0:
             bias_table = bias_table / temperature
+        logit_term = self.positional.logit_term() if impl == "flex" and self._flex.closed_form else None
+        if logit_term is not None:
+            logit_term = logit_term.divide_bias(temperature)
         return AttentionContext(
             impl=impl,
             q_len=q_len,
@@ -206,6 +209,7 @@ class GPTModel(nn.Module):
             dropout_p=self.attention_dropout,
             cache=cache,
             flex=self._flex,
+            logit_term=logit_term,
             temperature=temperature,
         )
 

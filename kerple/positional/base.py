@@ -11,8 +11,13 @@ A positional embedding can act in three places:
 Every logit term in this project is a function of the causal distance ``d = i - j >= 0`` between
 query position ``i`` and key position ``j`` only. An embedding therefore describes itself with
 per-head *distance tables* of length ``k_len`` (O(H·L) memory), from which the dense
-``[H, q_len, k_len]`` matrices are gathered for the eager / sdpa paths and which the FlexAttention
-``score_mod`` indexes on the fly. Tables are built once per forward and shared by all layers.
+``[H, q_len, k_len]`` matrices are gathered for the eager / sdpa paths. Tables are built once per
+forward and shared by all layers.
+
+Fused kernels (FlexAttention) take the term as a :class:`~kerple.positional.logit_term.LogitTerm`
+evaluated per score inside the kernel: the *closed form* an embedding returns from
+:meth:`PositionalEmbedding.logit_term` (computed from small per-head tensors), or, for an embedding
+without one (T5 buckets, Sandwich), a gather from its distance tables.
 
 The transformer layer never names an embedding: it asks for these hooks and nothing else.
 """
@@ -23,6 +28,8 @@ import enum
 
 import torch
 from torch import nn
+
+from kerple.positional.logit_term import LogitTerm
 
 
 class PositionKind(str, enum.Enum):
@@ -185,6 +192,17 @@ class PositionalEmbedding(nn.Module):
         such term. Gradients flow from both tables to learnable parameters.
         """
         return None, None
+
+    def logit_term(self) -> LogitTerm | None:
+        """The closed form of the logit term for fused kernels, or ``None`` when there is none.
+
+        A closed form computes the term of :meth:`distance_tables` per score from small tensors
+        (per-head parameters, on this module's device), reading nothing whose size grows with the
+        sequence; its functions must equal the tables on every causal score (the contract tests
+        compare values and gradients). ``None`` (the default) makes a fused kernel gather the
+        distance tables instead.
+        """
+        return None
 
     def bias(self, q_len: int, k_len: int) -> torch.Tensor | None:
         """Additive bias on the scaled logits, float32 ``[H, q_len, k_len]``, or ``None``."""
