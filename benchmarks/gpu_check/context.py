@@ -51,7 +51,6 @@ class Scale:
     train_documents: int
     train_vocab: int
     train_overrides: dict[str, Any]
-    fp16_steps: int
     eval_model: str | None
     eval_lengths: tuple[int, ...]
     eval_impls: tuple[str, ...]
@@ -81,7 +80,6 @@ FULL = Scale(
     train_documents=1000,
     train_vocab=8192,
     train_overrides={},
-    fp16_steps=8,
     eval_model="configs/models/162M.yml",
     eval_lengths=(2048, 8192, 16384, 32768, 65536),
     eval_impls=("flex", "sdpa", "eager"),  # the long-context path first
@@ -110,7 +108,6 @@ TINY = Scale(
     train_documents=12,
     train_vocab=300,
     train_overrides={"lr": 0.01, "warmup": 0.0},
-    fp16_steps=4,
     eval_model=None,
     eval_lengths=(128,),
     eval_impls=("sdpa",),
