@@ -56,6 +56,7 @@ class FlexKernel:
         self._block_masks: dict[tuple, BlockMask] = {}
         self._ladder = OptionsLadder()
         self._backward_checked: set[tuple] = set()
+        self.last_options: str | None = None  # the CUDA options of the last call that succeeded
 
     def arguments(self) -> dict[str, Any]:
         """The constructor arguments, for copies and pickles (subclasses add theirs)."""
@@ -78,8 +79,7 @@ class FlexKernel:
 
     def options_used(self) -> dict[str, str]:
         """The options chosen so far, per ``device / dtype / head_dim / kind`` (for reports)."""
-        return {" / ".join(map(str, key)): f"forward {forward}; backward {backward}"
-                for key, (forward, backward) in self._ladder.chosen().items()}
+        return {" / ".join(map(str, key)): self._ladder.describe(key) for key in self._ladder.keys()}
 
     def attend(
         self,
@@ -141,6 +141,7 @@ class FlexKernel:
                 self._backward_checked.clear()
                 continue
             self._ladder.confirm(ladder_key)
+            self.last_options = self._ladder.describe(ladder_key)
             return output
 
     def _run_copy(self, qkv: tuple[torch.Tensor, ...], score_mod: ScoreMod | None, block_mask: BlockMask,

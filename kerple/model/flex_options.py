@@ -272,6 +272,11 @@ class OptionsLadder:
                     key[0], key[1], key[2], key[3], forward, backward,
                     f" (after {self._steps[key]} out-of-resource retries)" if key in self._steps else "")
 
-    def chosen(self) -> dict[LadderKey, tuple[ForwardConfig, BackwardConfig]]:
-        """Every key's current rungs."""
-        return dict(self._rungs)
+    def describe(self, key: LadderKey) -> str:
+        """``key``'s current rungs in words: ``forward BLOCK_M=... ; backward BLOCK_M1=...``."""
+        forward, backward = self._rungs[key]
+        return f"forward {forward}; backward {backward}"
+
+    def keys(self) -> list[LadderKey]:
+        """Every key that has options."""
+        return list(self._rungs)

@@ -1,5 +1,6 @@
-"""The GPU check's step 2 reads real ``pytest -q`` output: the closing line, each failure's full
-assertion text, and (for a run stopped by its budget) how many collected tests finished."""
+"""The GPU check's steps on a CPU: step 2 reads real ``pytest -q`` output (the closing line, each
+failure's full assertion text, and for a run stopped by its budget how many collected tests
+finished); step 4 judges the throughput targets."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.gpu_check import step_gpu_tests
+from benchmarks.gpu_check.step_throughput import target_checks
 
 LONG = "x" * 150  # longer than any terminal line: the short summary alone would cut it
 MODULE = f'''
@@ -68,3 +70,15 @@ def test_quiet_closing_line_with_and_without_rules() -> None:
     assert step_gpu_tests.SUMMARY.search(quiet).group(1) == "3 failed, 105 passed, 2 warnings"
     assert step_gpu_tests.SUMMARY.search(ruled).group(1) == "1 passed"
     assert sys.executable == step_gpu_tests.command(1)[0]
+
+
+def test_throughput_targets() -> None:
+    best = {"none": ("sdpa", 500_000.0, 0.55), "kerple_log": ("flex", 480_000.0, 0.53),
+            "alibi": ("flex", 440_000.0, 0.49), "rpe": ("flex", 460_000.0, 0.50)}
+    checks = target_checks(best, {"kerple_log", "alibi", "rpe", "sandwich"}, "NVIDIA H100 80GB HBM3")
+    assert [text for text, met in checks.items() if not met] == ["alibi within 10% of none (0.880)"]
+    assert "kerple_log >= 450,000 tokens/s on an H100 (480,000)" in checks
+    assert "kerple_log within 5% of none (0.960)" in checks and "kerple_log MFU >= 50% (53.0%)" in checks
+    elsewhere = target_checks(best, {"kerple_log"}, "NVIDIA A100-SXM4-80GB")
+    assert not any("tokens/s" in text for text in elsewhere)  # the tokens/s figure is an H100's
+    assert target_checks({"kerple_log": ("flex", 1.0, 0.1)}, {"kerple_log"}, "GPU") == {"kerple_log MFU >= 50% (10.0%)": False}
