@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -20,9 +20,6 @@ from torch import nn
 from tqdm import tqdm
 
 from kerple.regular_languages.tasks import Task, TaskError, sample_batch
-
-ARCHS: tuple[str, ...] = ("regulargpt", "transformer", "rnn")
-
 
 @dataclass
 class RunSettings:
@@ -33,6 +30,7 @@ class RunSettings:
     transformer_layers: int = 3
     chunk_size: int = 2
     thickness: int = 1
+    padding: str = "pad"
     pos_emb: str = "rpe"
     steps: int = 1000
     batch_size: int = 64
@@ -55,32 +53,55 @@ class LSTMClassifier(nn.Module):
         return self.head(self.lstm(self.embedding(tokens))[0])  # [b, T, vocab]
 
 
+def regular_gpt(task: Task, settings: RunSettings) -> nn.Module:
+    """RegularGPT (thesis ch. 6) with the run's chunk size, thickness and padding."""
+    from kerple.model.regular import RegularGPT
+
+    return RegularGPT(
+        chunk_size=settings.chunk_size, thickness=settings.thickness, hidden_size=settings.hidden_size,
+        num_attention_heads=settings.num_heads, padded_vocab_size=classifier_vocab(task), padding=settings.padding,
+    )
+
+
+def transformer(task: Task, settings: RunSettings) -> nn.Module:
+    """A GPT-NeoX decoder of ``transformer_layers`` layers with a relative embedding from the registry."""
+    from kerple import positional
+    from kerple.model import GPTModel
+
+    embedding = positional.build(
+        settings.pos_emb, num_heads=settings.num_heads, head_dim=settings.hidden_size // settings.num_heads,
+        hidden_size=settings.hidden_size, max_positions=task.train_max_length,
+    )
+    return GPTModel(
+        num_layers=settings.transformer_layers, hidden_size=settings.hidden_size,
+        num_attention_heads=settings.num_heads, padded_vocab_size=classifier_vocab(task), positional=embedding,
+        hidden_dropout=0.0, attention_dropout=0.0, attention_impl="auto", flex_compile=False,
+    )
+
+
+def lstm(task: Task, settings: RunSettings) -> nn.Module:
+    """``torch.nn.LSTM`` of width ``hidden_size``."""
+    return LSTMClassifier(classifier_vocab(task), settings.hidden_size)
+
+
+CLASSIFIERS: dict[str, Callable[[Task, RunSettings], nn.Module]] = {
+    "regulargpt": regular_gpt,
+    "transformer": transformer,
+    "rnn": lstm,
+}
+ARCHS: tuple[str, ...] = tuple(CLASSIFIERS)
+
+
+def classifier_vocab(task: Task) -> int:
+    """Output rows: the symbols are read in, the classes read out of the same rows."""
+    return max(task.num_symbols, task.num_classes)
+
+
 def build_classifier(arch: str, task: Task, settings: RunSettings) -> nn.Module:
     """A model whose ``forward(tokens [b, T])`` returns ``[b, T, V]`` with ``V >= num_classes``."""
-    vocab = max(task.num_symbols, task.num_classes)
-    if arch == "rnn":
-        return LSTMClassifier(vocab, settings.hidden_size)
-    if arch == "regulargpt":
-        from kerple.model.regular import RegularGPT
-
-        return RegularGPT(
-            chunk_size=settings.chunk_size, thickness=settings.thickness, hidden_size=settings.hidden_size,
-            num_attention_heads=settings.num_heads, padded_vocab_size=vocab,
-        )
-    if arch == "transformer":
-        from kerple import positional
-        from kerple.model import GPTModel
-
-        embedding = positional.build(
-            settings.pos_emb, num_heads=settings.num_heads, head_dim=settings.hidden_size // settings.num_heads,
-            hidden_size=settings.hidden_size, max_positions=task.train_max_length,
-        )
-        return GPTModel(
-            num_layers=settings.transformer_layers, hidden_size=settings.hidden_size,
-            num_attention_heads=settings.num_heads, padded_vocab_size=vocab, positional=embedding,
-            hidden_dropout=0.0, attention_dropout=0.0, attention_impl="auto", flex_compile=False,
-        )
-    raise TaskError(f"unknown --arch {arch!r}; choose one of {', '.join(ARCHS)}")
+    if arch not in CLASSIFIERS:
+        raise TaskError(f"unknown --arch {arch!r}; choose one of {', '.join(ARCHS)}")
+    return CLASSIFIERS[arch](task, settings)
 
 
 def final_logits(model: nn.Module, tokens: torch.Tensor, num_classes: int) -> torch.Tensor:
