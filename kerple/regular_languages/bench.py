@@ -20,6 +20,7 @@ from torch import nn
 from tqdm import tqdm
 
 from kerple.regular_languages.tasks import Task, TaskError, sample_batch
+from kerple.regular_languages.thesis import TABLE_6_1, thesis_column
 
 @dataclass
 class RunSettings:
@@ -38,6 +39,10 @@ class RunSettings:
     eval_samples: int = 100
     eval_batch: int = 50
     probability: float = 0.5
+    stop_loss: float = 0.0  # stop once the mean loss of the last STOP_WINDOW steps is below (0: never)
+
+
+STOP_WINDOW = 100
 
 
 class LSTMClassifier(nn.Module):
@@ -110,7 +115,8 @@ def final_logits(model: nn.Module, tokens: torch.Tensor, num_classes: int) -> to
 
 
 def train(model: nn.Module, task: Task, settings: RunSettings, rng: np.random.Generator, progress: bool) -> list[float]:
-    """``settings.steps`` Adam steps on lengths drawn uniformly from ``1..train_max_length``; the losses."""
+    """Up to ``settings.steps`` Adam steps on lengths drawn uniformly from ``1..train_max_length``,
+    stopping early once the training loss is below ``settings.stop_loss``; the losses."""
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.learning_rate)
     model.train()
     losses = []
@@ -123,6 +129,8 @@ def train(model: nn.Module, task: Task, settings: RunSettings, rng: np.random.Ge
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
+        if settings.stop_loss and len(losses) >= STOP_WINDOW and np.mean(losses[-STOP_WINDOW:]) < settings.stop_loss:
+            break
     return losses
 
 
@@ -162,7 +170,7 @@ def run(task: Task, arch: str, seed: int, settings: RunSettings, lengths: list[i
         "mean_accuracy": float(np.mean(list(accuracy.values()))),
         "train_length_accuracy": in_distribution[task.train_max_length],
         "final_loss": float(np.mean(losses[-50:])),
-        "steps": settings.steps,
+        "steps": len(losses),
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_seconds": trained - started,
         "test_seconds": time.perf_counter() - trained,
@@ -171,25 +179,37 @@ def run(task: Task, arch: str, seed: int, settings: RunSettings, lengths: list[i
 
 
 def summary_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Table 6.1's Max/Avg over seeds of ``mean_accuracy`` (in %), one row per (task, arch)."""
-    groups: dict[tuple[str, str], list[float]] = {}
+    """Table 6.1's Max/Avg over seeds of ``mean_accuracy`` (in %), one row per (task, arch), with
+    the thesis' numbers for the same column where it has one."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for record in results:
-        groups.setdefault((record["task"], record["arch"]), []).append(100.0 * record["mean_accuracy"])
-    return [
-        {"task": task, "arch": arch, "seeds": len(values), "max": max(values), "avg": float(np.mean(values))}
-        for (task, arch), values in groups.items()
-    ]
+        groups.setdefault((record["task"], record["arch"]), []).append(record)
+    rows = []
+    for (task, arch), records in groups.items():
+        values = [100.0 * record["mean_accuracy"] for record in records]
+        column = thesis_column(arch, int(records[0]["settings"]["chunk_size"]))
+        rows.append({
+            "task": task, "arch": arch, "seeds": len(values), "max": max(values), "avg": float(np.mean(values)),
+            "thesis": TABLE_6_1.get(task, {}).get(column) if column else None,
+        })
+    return rows
 
 
 def summary_table(rows: list[dict[str, Any]]) -> str:
-    """A markdown table: one row per task, one ``Max / Avg`` column per model."""
+    """A markdown table: one row per task; per model, ``Max / Avg (seeds)`` and the thesis' Max / Avg."""
     archs = list(dict.fromkeys(row["arch"] for row in rows))
     tasks = list(dict.fromkeys(row["task"] for row in rows))
-    cells = {(row["task"], row["arch"]): f"{row['max']:.1f} / {row['avg']:.1f} ({row['seeds']})" for row in rows}
-    lines = ["| task | " + " | ".join(f"{arch} Max / Avg (seeds)" for arch in archs) + " |"]
-    lines.append("|---" * (len(archs) + 1) + "|")
+    cells = {(row["task"], row["arch"]): row for row in rows}
+    header = "| task | " + " | ".join(f"{arch}: ours Max / Avg (seeds) | {arch}: thesis" for arch in archs) + " |"
+    lines = [header, "|---" * (2 * len(archs) + 1) + "|"]
     for task in tasks:
-        lines.append(f"| {task} | " + " | ".join(cells.get((task, arch), "-") for arch in archs) + " |")
+        parts = []
+        for arch in archs:
+            row = cells.get((task, arch))
+            ours = "-" if row is None else f"{row['max']:.1f} / {row['avg']:.1f} ({row['seeds']})"
+            thesis = row and row.get("thesis")
+            parts += [ours, f"{thesis[0]:.1f} / {thesis[1]:.1f}" if thesis else "-"]
+        lines.append(f"| {task} | " + " | ".join(parts) + " |")
     return "\n".join(lines)
 
 
