@@ -50,11 +50,12 @@ class ModelConfig:
     """Transformer shape, normalisation, initialisation and dropout (GPT-NeoX architecture)."""
 
     num_layers: int = setting(12, "Number of transformer layers.", minimum=1)
-    arch: Literal[families.names()] = setting(  # type: ignore[valid-type]
+    arch: str = setting(
         "gpt",
-        "The model family (kerple.model.families): "
+        "The model family, one of the registry kerple.model.families: "
         + "; ".join(f"{name}: {families.family(name).summary}" for name in families.names())
         + ". A family without a positional embedding needs pos_emb: none.",
+        check=families.unknown_family,
     )
     regular_chunk_size: int = setting(2, "RegularGPT chunk size C of Eq. 6.1 (arch: regulargpt).", minimum=2)
     regular_thickness: int = setting(

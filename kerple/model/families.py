@@ -34,6 +34,11 @@ def family(name: str) -> ModelFamily:
     return _FAMILIES[name]
 
 
+def unknown_family(name: str) -> str | None:
+    """What is wrong with ``model.arch: name`` (``None`` when it names a family); for config checks."""
+    return None if name in _FAMILIES else f"unknown model family; choose one of {', '.join(_FAMILIES)}"
+
+
 def family_of(cfg: Any) -> ModelFamily:
     """The family of a :class:`kerple.config.Config` (``cfg.model.arch``)."""
     return family(cfg.model.arch)
