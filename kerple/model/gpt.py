@@ -32,7 +32,7 @@ from kerple.model.cache import KVCache
 from kerple.model.decoder import Decoder, model_arguments
 from kerple.model.family import ModelFamily
 from kerple.model.flex import FlexAttentionKernel
-from kerple.model.transformer import TransformerLayer
+from kerple.model.transformer import TransformerLayer, transformer_layers
 from kerple.positional.base import PositionalEmbedding
 
 
@@ -73,18 +73,10 @@ class GPTModel(Decoder):
         if int(checkpoint_num_layers) < 1:
             raise ValueError(f"checkpoint_num_layers must be >= 1, got {checkpoint_num_layers}")
 
-        def build_layers() -> list[TransformerLayer]:
-            return [
-                TransformerLayer(
-                    hidden_size=hidden_size, num_heads=num_attention_heads, layer_index=index, norm=norm,
-                    layernorm_epsilon=layernorm_epsilon, activation=activation, hidden_dropout=hidden_dropout,
-                    gpt_j_residual=gpt_j_residual,
-                )
-                for index in range(num_layers)
-            ]
-
+        layer = {"hidden_size": hidden_size, "num_heads": num_attention_heads, "norm": norm, "activation": activation,
+                 "layernorm_epsilon": layernorm_epsilon, "hidden_dropout": hidden_dropout, "gpt_j_residual": gpt_j_residual}
         super().__init__(
-            build_layers=build_layers, positional=positional, hidden_size=hidden_size,
+            build_layers=lambda: transformer_layers(num_layers, **layer), positional=positional, hidden_size=hidden_size,
             num_attention_heads=num_attention_heads, padded_vocab_size=padded_vocab_size, norm=norm,
             layernorm_epsilon=layernorm_epsilon, no_weight_tying=no_weight_tying, hidden_dropout=hidden_dropout,
         )

@@ -33,7 +33,7 @@ from torch import nn
 from kerple.model.decoder import Decoder, model_arguments
 from kerple.model.dilated_attention import DilatedFlexKernel, adaptive_depth, eager_dilated_attention
 from kerple.model.family import ModelFamily
-from kerple.model.transformer import TransformerLayer
+from kerple.model.transformer import transformer_layers
 
 REGULAR_IMPLS: tuple[str, ...] = ("eager", "flex", "auto")
 PADDINGS: tuple[str, ...] = ("pad", "none")
@@ -107,19 +107,14 @@ class RegularGPT(Decoder):
         if padding not in PADDINGS:
             raise ValueError(f"regular_padding {padding!r}: choose one of {', '.join(PADDINGS)}")
 
-        def build_layers() -> list[TransformerLayer]:
-            return [
-                TransformerLayer(
-                    hidden_size=hidden_size, num_heads=num_attention_heads, layer_index=block, norm=norm,
-                    layernorm_epsilon=layernorm_epsilon, activation=activation, hidden_dropout=hidden_dropout,
-                    gpt_j_residual=gpt_j_residual,
-                    attention=DilatedSelfAttention(hidden_size, num_attention_heads, chunk_size),
-                )
-                for block in range(thickness)
-            ]
+        layer = {"hidden_size": hidden_size, "num_heads": num_attention_heads, "norm": norm, "activation": activation,
+                 "layernorm_epsilon": layernorm_epsilon, "hidden_dropout": hidden_dropout, "gpt_j_residual": gpt_j_residual}
+
+        def dilated(block: int) -> DilatedSelfAttention:
+            return DilatedSelfAttention(hidden_size, num_attention_heads, chunk_size)
 
         super().__init__(
-            build_layers=build_layers, positional=None, hidden_size=hidden_size,
+            build_layers=lambda: transformer_layers(thickness, attention=dilated, **layer), positional=None, hidden_size=hidden_size,
             num_attention_heads=num_attention_heads, padded_vocab_size=padded_vocab_size, norm=norm,
             layernorm_epsilon=layernorm_epsilon, no_weight_tying=no_weight_tying, hidden_dropout=hidden_dropout,
         )

@@ -7,7 +7,7 @@ decided by :mod:`kerple.checkpoint.neox_layout`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -78,3 +78,26 @@ class TransformerLayer(nn.Module):
             return hidden + self.hidden_dropout(attention_out + mlp_out)
         hidden = hidden + self.hidden_dropout(attention_out)
         return hidden + self.hidden_dropout(self.mlp(self.post_attention_layernorm(hidden)))
+
+
+def transformer_layers(
+    count: int,
+    *,
+    hidden_size: int,
+    num_heads: int,
+    norm: str,
+    layernorm_epsilon: float,
+    activation: str,
+    hidden_dropout: float,
+    gpt_j_residual: bool,
+    attention: Callable[[int], nn.Module] | None = None,
+) -> list[TransformerLayer]:
+    """``count`` layers; ``attention(index)`` builds layer ``index``'s attention (default: GPT-NeoX's)."""
+    return [
+        TransformerLayer(
+            hidden_size=hidden_size, num_heads=num_heads, layer_index=index, norm=norm,
+            layernorm_epsilon=layernorm_epsilon, activation=activation, hidden_dropout=hidden_dropout,
+            gpt_j_residual=gpt_j_residual, attention=None if attention is None else attention(index),
+        )
+        for index in range(count)
+    ]

@@ -14,7 +14,7 @@ from torch import nn
 
 from kerple.model.decoder import Decoder, model_arguments
 from kerple.model.family import ModelFamily
-from kerple.model.transformer import TransformerLayer
+from kerple.model.transformer import TransformerLayer, transformer_layers
 
 
 class CausalMean(nn.Module):
@@ -34,14 +34,12 @@ class CausalMean(nn.Module):
 class CausalMeanModel(Decoder):
     def __init__(self, *, num_layers: int, activation: str, gpt_j_residual: bool, init_method: str,
                  output_layer_init_method: str, init_method_std: float, **shared: Any) -> None:
+        layer = {key: shared[key] for key in ("hidden_size", "norm", "layernorm_epsilon", "hidden_dropout")}
+
         def build_layers() -> list[TransformerLayer]:
-            return [
-                TransformerLayer(hidden_size=shared["hidden_size"], num_heads=shared["num_attention_heads"], layer_index=i,
-                                 norm=shared["norm"], layernorm_epsilon=shared["layernorm_epsilon"], activation=activation,
-                                 hidden_dropout=shared["hidden_dropout"], gpt_j_residual=gpt_j_residual,
-                                 attention=CausalMean(shared["hidden_size"]))
-                for i in range(num_layers)
-            ]
+            return transformer_layers(num_layers, num_heads=shared["num_attention_heads"], activation=activation,
+                                      gpt_j_residual=gpt_j_residual, attention=lambda i: CausalMean(shared["hidden_size"]),
+                                      **layer)
 
         super().__init__(build_layers=build_layers, positional=None, **shared)
         self.init_weights(init_method, output_layer_init_method, init_method_std)
