@@ -21,8 +21,8 @@ import math
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
-from torch.nn.attention.flex_attention import flex_attention as _flex_attention
 
+from kerple.model.flex_base import FlexKernel
 from kerple.positional.dilated import dense_term, flex_mods, gathered_term
 
 
@@ -86,34 +86,24 @@ def eager_dilated_attention(
     return dense_dilated_attention(query, key, value, scalars, dilation, padded)
 
 
-class DilatedFlexKernel:
+class DilatedFlexKernel(FlexKernel):
     """FlexAttention for Eq. 6.1 with block masks cached per ``(1 + T, C, D, padded, device)``.
 
     ``create_block_mask`` marks the tiles with no visible pair as empty, so the kernel skips them
-    (block-sparse). ``compile=False`` runs FlexAttention's unfused reference path (tests only).
+    (block-sparse). The score modification gathers ``r[h, k]`` and the pad slot's term from two
+    float32 ``[H, C]`` tables (shared memory per score tile: :mod:`kerple.model.flex_options`).
+    Compilation, options and copies: :class:`~kerple.model.flex_base.FlexKernel`; ``compile=False``
+    runs FlexAttention's unfused reference path (tests only).
     """
-
-    def __init__(self, compile: bool = True) -> None:
-        self.compiled = compile
-        self._attend = torch.compile(_flex_attention, dynamic=False) if compile else _flex_attention
-        self._block_masks: dict[tuple[int, int, int, bool, str], BlockMask] = {}
-
-    def __deepcopy__(self, memo: dict) -> DilatedFlexKernel:
-        return DilatedFlexKernel(self.compiled)
-
-    def __getstate__(self) -> dict:
-        return {"compiled": self.compiled}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["compiled"])
 
     def block_mask(self, scalars: torch.Tensor, slots: int, dilation: int, padded: bool, device: torch.device) -> BlockMask:
         """The block-sparse mask of Eq. 6.1 with the pad slot over ``slots = 1 + T`` (cached)."""
-        cache_key = (slots, scalars.shape[-1], dilation, padded, str(device))
-        if cache_key not in self._block_masks:
+
+        def build() -> BlockMask:
             _, mask_mod = flex_mods(scalars.detach(), dilation, padded)
-            self._block_masks[cache_key] = create_block_mask(mask_mod, None, None, slots, slots, device=device)
-        return self._block_masks[cache_key]
+            return create_block_mask(mask_mod, None, None, slots, slots, device=device)
+
+        return self.cached_block_mask((slots, scalars.shape[-1], dilation, padded, str(device)), build)
 
     def __call__(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scalars: torch.Tensor, dilation: int, padded: bool
@@ -121,4 +111,5 @@ class DilatedFlexKernel:
         """``query``/``key``/``value [b, H, 1 + T, d]``, ``scalars [H, C]`` -> ``[b, H, 1 + T, d]``."""
         score_mod, _ = flex_mods(scalars, dilation, padded)
         block_mask = self.block_mask(scalars, query.shape[-2], dilation, padded, query.device)
-        return self._attend(query, key, value, score_mod=score_mod, block_mask=block_mask)
+        table_bytes = torch.promote_types(scalars.dtype, torch.float32).itemsize  # flex_mods' two tables
+        return self.attend(query, key, value, score_mod, block_mask, (scalars,), "dilated_table", 2 * table_bytes)

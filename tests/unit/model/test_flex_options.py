@@ -4,6 +4,7 @@ out-of-resource reports of an H100, the ladder's rungs, and the ladder itself wi
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import pytest
@@ -241,3 +242,17 @@ def test_backward_check_inside_an_activation_checkpoint(fake_gpu) -> None:  # ty
     output = torch.utils.checkpoint.checkpoint(lambda q: kernel(q, key, value, term, None), query, use_reentrant=False)
     output.float().sum().backward()
     assert query.grad is not None and fake.calls[-1]["bwd_BLOCK_N1"] == 32
+
+
+def test_dilated_kernel_shares_the_options_and_the_ladder(fake_gpu) -> None:  # type: ignore[no-untyped-def]
+    """RegularGPT's kernel runs on the same base: its two fp32 tables count as 8 gathered bytes."""
+    from kerple.model.dilated_attention import DilatedFlexKernel, dense_dilated_attention
+
+    kernel = DilatedFlexKernel(compile=True)
+    kernel._compiled_attention = FakeCompiled(max_forward_n=64, max_backward_n1=128)
+    query, key, value = _inputs(requires_grad=False)
+    scalars = torch.randn(2, 3)
+    output = kernel(query, key, value, scalars, 2, True)
+    torch.testing.assert_close(output, dense_dilated_attention(query, key, value, scalars, 2, True), rtol=1e-5, atol=1e-5)
+    assert list(kernel.options_used()) == ["NVIDIA H100 80GB HBM3 / float32 / 16 / dilated_table"]
+    assert isinstance(copy.deepcopy(kernel), DilatedFlexKernel) and not copy.deepcopy(kernel).options_used()
