@@ -134,9 +134,8 @@ def _warm_up(model, impl: str, length: int, device: torch.device, vocab: int) ->
         fused = torch.randn(1, length, heads, 3 * head_dim, device=device, dtype=dtype).transpose(1, 2)
         query, key, value = fused.split(head_dim, dim=-1)  # each [1, H, L, d]
         with torch.no_grad():
-            bias, scale = model.positional.distance_tables(length, device=device)
-            model._flex(query, key, value, None if bias is None else bias.float(),
-                        None if scale is None else scale.float(), model.attention_window)
+            context = model.attention_context(length, device)  # the term the layers will hand flex
+            model._flex(query, key, value, context.flex_term(dtype), context.window)
         del fused, query, key, value
     tokens = torch.randint(0, vocab, (1, min(length, 256) + 1), device=device)
     with torch.no_grad(), _autocast(device):
