@@ -77,8 +77,13 @@ class BackwardConfig:
                 f"BLOCK_N2={self.block_n2} stages={self.num_stages} warps={self.num_warps}")
 
 
+@torch._dynamo.assume_constant_result
 def device_limits(device: torch.device) -> DeviceLimits | None:
-    """The limits of a CUDA ``device`` (Triton's opt-in shared memory per block); ``None`` elsewhere."""
+    """The limits of a CUDA ``device`` (Triton's opt-in shared memory per block); ``None`` elsewhere.
+
+    Marked constant for TorchDynamo: inside an enclosing ``torch.compile`` it is evaluated once while
+    tracing (Triton's driver query cannot be traced) and its result kept in the graph.
+    """
     if device.type != "cuda":
         return None
     from triton.runtime import driver

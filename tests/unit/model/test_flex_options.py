@@ -256,3 +256,25 @@ def test_dilated_kernel_shares_the_options_and_the_ladder(fake_gpu) -> None:  # 
     torch.testing.assert_close(output, dense_dilated_attention(query, key, value, scalars, 2, True), rtol=1e-5, atol=1e-5)
     assert list(kernel.options_used()) == ["NVIDIA H100 80GB HBM3 / float32 / 16 / dilated_table"]
     assert isinstance(copy.deepcopy(kernel), DilatedFlexKernel) and not copy.deepcopy(kernel).options_used()
+
+
+def test_options_inside_an_enclosing_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``training.compile`` the layer's graph traces :meth:`FlexKernel.attend`: the device query
+    (evaluated once, as a constant) and the option choice must trace without a graph break."""
+
+    @torch._dynamo.assume_constant_result
+    def limits(device: torch.device) -> DeviceLimits:
+        import sqlite3  # stands for Triton's driver query, which Dynamo cannot trace
+
+        sqlite3.connect(":memory:").close()
+        return H100
+
+    monkeypatch.setattr(flex_base, "device_limits", limits)
+    kernel = FlexAttentionKernel(compile=True)
+    query, key, value = _inputs(requires_grad=False)
+    term = _table_term(torch.float32)
+    traced = torch.compile(lambda q, k, v: kernel(q, k, v, term, None), fullgraph=True, backend="eager")
+    with torch.no_grad():
+        output = traced(query, key, value)
+    torch.testing.assert_close(output, FlexAttentionKernel(compile=False)(query, key, value, term, None))
+    assert list(kernel.options_used()) == ["NVIDIA H100 80GB HBM3 / float32 / 16 / distance_table"]
