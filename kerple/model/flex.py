@@ -78,7 +78,9 @@ def term_score_mod(term: LogitTerm | None, offset: int) -> ScoreMod | None:
     if term is None:
         return None
 
-    def score_mod(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+    def score_mod(
+        score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    ) -> torch.Tensor:
         return term.apply(score, ScorePosition(b, h, q_idx + offset, kv_idx))
 
     return score_mod

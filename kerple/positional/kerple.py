@@ -95,7 +95,8 @@ class LearnableKernel(PositionalEmbedding):
         distance = self.distances(k_len, device)
         tables = []
         for formula, names in zip((self.bias_formula, self.scale_formula), self._term_names()):
-            tables.append(None if formula is None else formula({name: self.effective(name) for name in names}, distance))
+            params = {name: self.effective(name) for name in names}  # each [H, 1]
+            tables.append(None if formula is None else formula(params, distance))
         return tables[0], tables[1]
 
     def logit_term(self) -> LogitTerm:
