@@ -24,7 +24,7 @@ from torch.utils.checkpoint import checkpoint
 from kerple.model.init import init_function
 from kerple.model.mlp import build_norm
 from kerple.model.transformer import TokenEmbedding
-from kerple.positional.base import PositionalEmbedding
+from kerple.positional.base import PositionalEmbedding, parameter_statistics
 
 
 class Decoder(nn.Module):
@@ -90,17 +90,12 @@ class Decoder(nn.Module):
         return self.embedding.word_embeddings.weight if self.lm_head is None else self.lm_head.weight
 
     def positional_metrics(self) -> dict[str, float]:
-        """Mean/std/min/max of every positional parameter, by its name under the model."""
+        """Mean/std/min/max of every positional parameter, by its name under the model (a family
+        with a positional module reports that module's :meth:`~kerple.positional.PositionalEmbedding.metrics`)."""
+        if self.positional is not None:
+            return self.positional.metrics()
         own = {id(param): name for name, param in self.named_parameters()}
-        stats: dict[str, float] = {}
-        for param in self.positional_parameters():
-            name = own[id(param)].removeprefix("positional.")
-            values = param.detach().float().flatten()
-            stats[f"{name}/mean"] = values.mean().item()
-            stats[f"{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
-            stats[f"{name}/min"] = values.min().item()
-            stats[f"{name}/max"] = values.max().item()
-        return stats
+        return parameter_statistics((own[id(param)], param) for param in self.positional_parameters())
 
     def init_weights(self, init_method: str, output_layer_init_method: str, std: float) -> None:
         """docs/reference-format.md §4: ``init_method`` for weights, ``output_layer_init_method`` for

@@ -25,11 +25,24 @@ The transformer layer never names an embedding: it asks for these hooks and noth
 from __future__ import annotations
 
 import enum
+from typing import Iterable
 
 import torch
 from torch import nn
 
 from kerple.positional.logit_term import LogitTerm
+
+
+def parameter_statistics(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
+    """``name/mean``, ``name/std``, ``name/min``, ``name/max`` of every tensor (training logs)."""
+    stats: dict[str, float] = {}
+    for name, param in named:
+        values = param.detach().float().flatten()
+        stats[f"{name}/mean"] = values.mean().item()
+        stats[f"{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
+        stats[f"{name}/min"] = values.min().item()
+        stats[f"{name}/max"] = values.max().item()
+    return stats
 
 
 class PositionKind(str, enum.Enum):
@@ -204,27 +217,10 @@ class PositionalEmbedding(nn.Module):
         """
         return None
 
-    def bias(self, q_len: int, k_len: int) -> torch.Tensor | None:
-        """Additive bias on the scaled logits, float32 ``[H, q_len, k_len]``, or ``None``."""
-        table, _ = self.distance_tables(k_len, device=self._device())
-        return None if table is None else gather_by_distance(table, q_len, k_len)
-
-    def logit_scale(self, q_len: int, k_len: int) -> torch.Tensor | None:
-        """Multiplicative factor on the scaled logits, float32 ``[H, q_len, k_len]``, or ``None``."""
-        _, table = self.distance_tables(k_len, device=self._device())
-        return None if table is None else gather_by_distance(table, q_len, k_len)
-
     # --- monitoring -------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
         """Summary statistics of learnable parameters (mean/std/min/max per tensor); empty if none."""
-        stats: dict[str, float] = {}
-        for name, param in self.named_parameters():
-            values = param.detach().float().flatten()
-            stats[f"{name}/mean"] = values.mean().item()
-            stats[f"{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
-            stats[f"{name}/min"] = values.min().item()
-            stats[f"{name}/max"] = values.max().item()
-        return stats
+        return parameter_statistics(self.named_parameters())
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
         """Apply ``fn`` (device moves, dtype casts) but keep float32 tensors in float32.
