@@ -24,7 +24,7 @@ from kerple.runs import parse_lengths, resolve_device
 
 def _model(name: str, impl: str, device: torch.device) -> GPTModel:
     torch.manual_seed(0)
-    pe = positional.build(name, num_heads=4, head_dim=32, hidden_size=128, max_positions=1 << 16)
+    pe = positional.build(name, num_heads=4, head_dim=32, hidden_size=128, max_positions=1 << 16, num_layers=2)
     return GPTModel(
         num_layers=2, hidden_size=128, num_attention_heads=4, padded_vocab_size=512, positional=pe, attention_impl=impl
     ).to(device)

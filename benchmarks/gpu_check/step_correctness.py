@@ -110,7 +110,8 @@ class Models:
         torch.manual_seed(0)
         embedding = positional.build(
             name, num_heads=int(cfg.model.num_attention_heads), head_dim=int(cfg.model.head_dim),
-            hidden_size=int(cfg.model.hidden_size), max_positions=self.max_length, **cfg.positional.options(),
+            hidden_size=int(cfg.model.hidden_size), max_positions=self.max_length,
+            num_layers=int(cfg.model.num_layers), **cfg.positional.options(),
         ).to(self.ctx.device)  # float32 tensors stay float32 (PositionalEmbedding._apply)
         for target in (model, reference):
             if target is not None:

@@ -7,7 +7,9 @@ Reference order of operations (docs/reference-format.md §3):
    head 1, ...), as in Hugging Face's GPTNeoX.
 2. The positional embedding's ``rotate`` hook acts on q and k (a no-op for non-rotary embeddings).
 3. ``scores = q·kᵀ / sqrt(head_dim)``.
-4. ``scores = scores * logit_scale + bias`` from the embedding's per-head distance tables.
+4. ``scores = scores * logit_scale + bias`` from the embedding's per-head distance tables, or from
+   its closed form evaluated at the forward's positions when it has no tables (FIRE, a function of
+   the query position too; CABLE, computed by each layer from its input).
 5. Causal mask (plus the optional attention window of thesis §4.3.3: query ``i`` sees key ``j`` only
    when ``0 <= i - j < W``), softmax, attention dropout, ``probs @ v``, ``dense``.
 
@@ -19,22 +21,26 @@ tables' bias by τ (``AttentionContext.temperature`` records τ), so ``(q·kᵀ/
 The three kernels compute the same function (tests check agreement to 1e-5 in fp32):
 
 * ``eager`` restates the reference math with scores and softmax in fp32; the dense
-  ``[H, q, k]`` bias/scale are gathered from the distance tables.
+  ``[H, q, k]`` bias/scale are gathered from the distance tables (or evaluated from the closed form
+  on the grid of positions, ``[b or 1, H, q, k]``).
 * ``sdpa`` calls ``torch.nn.functional.scaled_dot_product_attention`` with a materialized additive
   float mask (bias + causal/window mask, in the query's dtype); on CPU in fp32/fp64 without dropout
   it calls the fused CPU flash kernel directly, with a backward that also differentiates the mask
-  (``sdpa_cpu.py``). A multiplicative logit scale (KERPLE weight kernels, paper §5.3) cannot be
-  expressed there, so that combination is refused.
+  (``sdpa_cpu.py``), when the mask is a Toeplitz matrix of distance tables; a mask from a closed form
+  goes to PyTorch's own kernel choice. A multiplicative logit scale (KERPLE weight kernels, paper
+  §5.3) cannot be expressed there, so that combination is refused.
 * ``flex`` calls FlexAttention with a ``score_mod`` that computes the embedding's closed form from
   per-head tensors, or, for an embedding without one, indexes the ``[H, k_len]`` tables by distance
   (no ``L×L`` tensor either way), and a cached ``BlockMask`` for causal/window masking (see
   ``flex.py``).
 
-The layer never names an embedding: it only asks whether a table or a closed form is ``None``.
+The layer never names an embedding: it only asks whether a table or a closed form is ``None``, and
+hands its input to :meth:`AttentionContext.for_layer` (the embedding's layer hook) before attending.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
@@ -45,7 +51,7 @@ from torch import nn
 
 from kerple.model import sdpa_cpu
 from kerple.positional.base import PositionKind, diagonal_gather, gather_by_distance
-from kerple.positional.logit_term import LogitTerm, distance_table_term
+from kerple.positional.logit_term import LogitTerm, ScorePosition, distance_table_term
 
 if TYPE_CHECKING:
     from kerple.model.cache import KVCache
@@ -61,6 +67,7 @@ AUTO = "auto"  # resolved per forward by :func:`choose_implementation`
 CPU_FLEX_MIN_LENGTH = 2048
 
 RotateFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+LayerTermFn = Callable[[int, torch.Tensor, "KVCache | None"], "LogitTerm | None"]
 
 
 def unsupported_reason(impl: str, kind: PositionKind | str, device_type: str, training: bool) -> str | None:
@@ -143,7 +150,10 @@ class AttentionContext:
     query row ``i`` and key column ``j`` are at distance ``i - j + (k_len - q_len)``. The dense
     ``[H, q_len, k_len]`` views used by eager/sdpa are gathered lazily, once per forward.
     ``logit_term`` is the embedding's closed form for ``flex`` (its bias already divided by τ), or
-    ``None``: ``flex`` then gathers the tables.
+    ``None``: ``flex`` then gathers the tables. An embedding without tables has its closed form
+    here for every kernel (:attr:`grid_term`): eager/sdpa evaluate it on the grid of absolute
+    positions (:meth:`score_grid`). ``layer_term`` is the embedding's layer hook
+    (:meth:`for_layer`).
     """
 
     impl: str
@@ -159,7 +169,34 @@ class AttentionContext:
     flex: FlexAttentionKernel | None = None
     logit_term: LogitTerm | None = None
     temperature: float = 1.0  # softmax temperature τ; the bias table is already divided by it
+    layer_term: LayerTermFn | None = None
     _dense: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def for_layer(self, layer: int, hidden: torch.Tensor) -> AttentionContext:
+        """The context layer ``layer`` attends with: this one, or, where the embedding computes the term
+        from the layer's input ``hidden [b, n, h]`` (CABLE), a copy holding that term (bias divided by τ)."""
+        term = None if self.layer_term is None else self.layer_term(layer, hidden, self.cache)
+        if term is None:
+            return self
+        return dataclasses.replace(self, logit_term=term.divide_bias(self.temperature), _dense={})
+
+    @property
+    def grid_term(self) -> LogitTerm | None:
+        """The closed form eager/sdpa evaluate on the grid of positions: the term of an embedding
+        without distance tables (``None`` when there are tables, or no term)."""
+        return self.logit_term if self.bias_table is None and self.scale_table is None else None
+
+    def score_grid(self, batch: int, heads: int) -> ScorePosition:
+        """Every score of ``[batch, heads, q_len, k_len]`` as broadcastable indices at absolute positions
+        (keys are the ``k_len`` positions ending at the last query)."""
+        device = self.q_positions.device
+        keys = self.q_positions[-1] + 1 - self.k_len + torch.arange(self.k_len, device=device)
+        return ScorePosition(
+            batch=torch.arange(batch, device=device)[:, None, None, None],
+            head=torch.arange(heads, device=device)[None, :, None, None],
+            query=self.q_positions[None, None, :, None],
+            key=keys[None, None, None, :],
+        )
 
     def allowed(self) -> torch.Tensor:
         """Bool ``[q_len, k_len]``: key ``j`` is visible to query ``i`` (causal and within the window)."""
@@ -179,21 +216,40 @@ class AttentionContext:
             return self.logit_term
         return distance_table_term(self.bias_table, self.scale_table, dtype)
 
-    def dense_bias(self) -> torch.Tensor | None:
-        """Additive bias ``[H, q_len, k_len]`` float32 gathered from ``bias_table``, or ``None``."""
-        if self.bias_table is None:
-            return None
-        if "bias" not in self._dense:
-            self._dense["bias"] = gather_by_distance(self.bias_table, self.q_len, self.k_len)
-        return self._dense["bias"]
+    def dense_bias(self, batch: int = 1, heads: int = 1) -> torch.Tensor | None:
+        """Additive bias, float32: ``[H, q_len, k_len]`` gathered from ``bias_table``, or the grid term's
+        ``[batch or 1, heads, q_len, k_len]``; ``None`` when there is none."""
+        if self.bias_table is not None:
+            if "bias" not in self._dense:
+                self._dense["bias"] = gather_by_distance(self.bias_table, self.q_len, self.k_len)
+            return self._dense["bias"]
+        return self._grid_values("bias", batch, heads)
 
-    def dense_scale(self) -> torch.Tensor | None:
-        """Logit scale ``[H, q_len, k_len]`` float32 gathered from ``scale_table``, or ``None``."""
-        if self.scale_table is None:
+    def dense_scale(self, batch: int = 1, heads: int = 1) -> torch.Tensor | None:
+        """Logit scale, float32, as :meth:`dense_bias` (from ``scale_table`` or the grid term); or ``None``."""
+        if self.scale_table is not None:
+            if "scale" not in self._dense:
+                self._dense["scale"] = gather_by_distance(self.scale_table, self.q_len, self.k_len)
+            return self._dense["scale"]
+        return self._grid_values("scale", batch, heads)
+
+    def _grid_values(self, which: str, batch: int, heads: int) -> torch.Tensor | None:
+        """The grid term's ``bias`` or ``scale`` on :meth:`score_grid`, float32, once per context."""
+        term = self.grid_term
+        function = None if term is None else getattr(term, which)
+        if function is None:
             return None
-        if "scale" not in self._dense:
-            self._dense["scale"] = gather_by_distance(self.scale_table, self.q_len, self.k_len)
-        return self._dense["scale"]
+        key = f"grid_{which}"
+        if key not in self._dense:
+            values = function(term.tensors, self.score_grid(batch, heads)).float()
+            self._dense[key] = values.expand(-1, heads, self.q_len, self.k_len)  # [b or 1, H, q, k]
+        return self._dense[key]
+
+    def grid_mask(self, dtype: torch.dtype, batch: int, heads: int) -> torch.Tensor:
+        """SDPA's additive mask from the grid term: its bias, ``-inf`` where a key is not visible,
+        ``[b or 1, H, q_len, k_len]`` in ``dtype`` (its gradient reaches the term's tensors)."""
+        bias = self.dense_bias(batch, heads)
+        return bias.masked_fill(~self.allowed(), float("-inf")).to(dtype)
 
     def sdpa_diagonals(self) -> torch.Tensor | None:
         """The SDPA mask's value per diagonal, ``[H or 1, q_len + k_len - 1]`` float32 (index
@@ -236,10 +292,11 @@ def eager_attention(
     """
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2))  # [b, H, q, k]
     scores = scores * (1.0 / math.sqrt(query.shape[-1]))
-    scale = context.dense_scale()
+    batch, heads = query.shape[:2]
+    scale = context.dense_scale(batch, heads)
     if scale is not None:
-        scores = scores * scale  # [H, q, k] broadcast over b
-    bias = context.dense_bias()
+        scores = scores * scale  # [H, q, k] or [b or 1, H, q, k], broadcast over b
+    bias = context.dense_bias(batch, heads)
     if bias is not None:
         scores = scores + bias
     scores = scores.masked_fill(~context.allowed(), float("-inf"))
@@ -254,8 +311,11 @@ def sdpa_attention(
     """``scaled_dot_product_attention`` with a materialized additive mask (bias + causal/window)."""
     if context.scale_table is not None:
         raise ValueError(unsupported_reason("sdpa", PositionKind.WEIGHT, query.device.type, training))
-    mask = context.sdpa_mask(query.dtype)
     dropout_p = context.dropout_p if training else 0.0
+    if context.grid_term is not None:  # not a Toeplitz mask: PyTorch's kernel differentiates it
+        mask = context.grid_mask(query.dtype, *query.shape[:2])
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
+    mask = context.sdpa_mask(query.dtype)
     if mask is None:
         return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True)
     if sdpa_cpu.supported(query, dropout_p):  # fused forward, the gradient straight to the diagonals
@@ -311,6 +371,7 @@ class SelfAttention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, context: AttentionContext) -> torch.Tensor:
         """``hidden [b, s, h]`` -> ``[b, s, h]`` (before the residual)."""
+        context = context.for_layer(self.layer_index, hidden)  # a term of this layer's input, if any
         batch, seq, _ = hidden.shape
         qkv = self.query_key_value(hidden)  # [b, s, 3h]
         qkv = qkv.view(batch, seq, self.num_heads, 3 * self.head_dim).transpose(1, 2)  # [b, H, s, 3d]

@@ -9,7 +9,8 @@ instead of O(L) while positions keep counting from the start of the sequence. Wi
 
 Keys are contiguous positions ending at the newest token, so the positional terms of a step are
 read from distance tables of length ``cached + new`` (one row per new query, never an ``L×L``
-rebuild).
+rebuild). A term computed from each layer's input (CABLE) keeps its per-token values ``[b, H, t]``
+here too, beside the keys and trimmed to the same window.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class KVCache:
         self.position = 0  # absolute position of the next token
         self._keys: list[torch.Tensor | None] = [None] * num_layers
         self._values: list[torch.Tensor | None] = [None] * num_layers
+        self._term_values: list[torch.Tensor | None] = [None] * num_layers
 
     @property
     def cached_length(self) -> int:
@@ -54,6 +56,22 @@ class KVCache:
         else:
             self._keys[layer], self._values[layer] = key, value
         return key, value
+
+    def term_values(self, layer: int) -> torch.Tensor | None:
+        """The per-token values ``[b, H, t]`` a layer's positional term stored for the cached tokens, or ``None``."""
+        return self._term_values[layer]
+
+    def extend_term_values(self, layer: int, values: torch.Tensor) -> torch.Tensor:
+        """Append this step's per-token term values ``[b, H, n]``; return ``[b, H, cached + n]``, kept for
+        the next step trimmed to the last ``window`` positions like the keys."""
+        past = self._term_values[layer]
+        if past is not None:
+            values = torch.cat([past, values], dim=-1)  # [b, H, t + n]
+        if self.window is not None and values.shape[-1] > self.window:
+            self._term_values[layer] = values[..., -self.window :].contiguous()
+        else:
+            self._term_values[layer] = values
+        return values
 
     def advance(self, num_tokens: int) -> None:
         """Move the position counter past a step of ``num_tokens`` tokens (called by the model)."""

@@ -51,6 +51,12 @@ class Decoder(nn.Module):
         self.positional = positional
         self.layers = nn.ModuleList(build_layers())
         self.num_layers = len(self.layers)
+        built_for = None if positional is None else positional.num_layers
+        if built_for is not None and built_for != self.num_layers:
+            raise ValueError(
+                f"the positional embedding holds per-layer parameters for {built_for} layer(s) but the model has "
+                f"{self.num_layers}; build it with num_layers={self.num_layers}"
+            )
         self.final_norm = build_norm(norm, hidden_size, layernorm_epsilon)
         self.lm_head = nn.Linear(hidden_size, padded_vocab_size, bias=False) if no_weight_tying else None
 

@@ -6,8 +6,10 @@ docs/reference-format.md §2), ``layers`` (:class:`TransformerLayer`), ``final_n
 ``lm_head``. The model knows nothing of how checkpoints store it: GPT-NeoX's ``sequential.<N>`` names, their index
 gaps and the per-layer copies of the positional tensors are :mod:`kerple.checkpoint.neox_layout`'s.
 
-The distance tables (and, for ``flex``, the embedding's closed-form logit term) are computed ONCE
-per forward and handed to every layer in an :class:`~kerple.model.attention.AttentionContext`.
+The distance tables (and, for ``flex`` or an embedding without tables, the embedding's closed-form
+logit term) are computed ONCE per forward and handed to every layer in an
+:class:`~kerple.model.attention.AttentionContext`; a term of each layer's input (CABLE) is computed
+by the layer through the context's layer hook.
 
 Activation checkpointing (``checkpoint_activations``, ``checkpoint_num_layers`` = N): in a training
 forward with autograd on and no KV cache, each group of N transformer layers runs under
@@ -167,7 +169,9 @@ class GPTModel(Decoder):
         temperature = self.softmax_temperature
         if bias_table is not None and temperature != 1.0:
             bias_table = bias_table / temperature
-        logit_term = self.positional.logit_term() if impl == "flex" and self._flex.closed_form else None
+        no_tables = bias_table is None and scale_table is None  # then every kernel reads the closed form
+        wants_term = no_tables or (impl == "flex" and self._flex.closed_form)
+        logit_term = self.positional.logit_term() if wants_term else None
         if logit_term is not None:
             logit_term = logit_term.divide_bias(temperature)
         return AttentionContext(
@@ -184,6 +188,7 @@ class GPTModel(Decoder):
             flex=self._flex,
             logit_term=logit_term,
             temperature=temperature,
+            layer_term=self.positional.layer_logit_term,
         )
 
     def checkpoint_group(self, cache: KVCache | None = None) -> int | None:
@@ -241,6 +246,7 @@ def build_gpt(cfg: Any, *, flex_compile: bool = True) -> GPTModel:
         head_dim=model_cfg.head_dim,
         hidden_size=model_cfg.hidden_size,
         max_positions=model_cfg.max_position_embeddings or model_cfg.seq_length,
+        num_layers=model_cfg.num_layers,
         **positional_cfg.options(),
     )
     return GPTModel(

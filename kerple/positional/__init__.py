@@ -17,6 +17,8 @@ from typing import Any
 from kerple.positional.absolute import LearnedPositionalEmbedding, NoPositionalEmbedding, SinusoidalPositionalEmbedding
 from kerple.positional.alibi import AlibiBias
 from kerple.positional.base import PositionalEmbedding, PositionKind
+from kerple.positional.cable import Cable
+from kerple.positional.fire import Fire
 from kerple.positional.gaussian import GaussBias2, GaussBias3, GaussWeight1, GaussWeight2
 from kerple.positional.kerple import (
     KerpleBiasWeight,
@@ -30,6 +32,7 @@ from kerple.positional.options import OptionSpec, declared_options
 from kerple.positional.rotary import RotaryEmbedding
 from kerple.positional.sandwich import Sandwich, SmoothedSandwich
 from kerple.positional.t5 import T5RelativeBias
+from kerple.positional.xpos import XposEmbedding
 
 _REGISTRY: dict[str, type[PositionalEmbedding]] = {
     "none": NoPositionalEmbedding,  # NoPE, thesis ch. 2
@@ -50,6 +53,9 @@ _REGISTRY: dict[str, type[PositionalEmbedding]] = {
     "gauss_bias3": GaussBias3,  # KERPLE Appendix A.3 3-para-bias
     "sandwich": Sandwich,  # thesis §4.6.1
     "sandwich_smoothed": SmoothedSandwich,  # thesis §4.6.2
+    "fire": Fire,  # Li et al. 2023, FIRE §3
+    "cable": Cable,  # Veisi et al. 2025, CABLE §3
+    "xpos": XposEmbedding,  # Sun et al. 2022, xPos §3.2
 }
 
 _ALIASES: dict[str, str] = {
@@ -91,8 +97,10 @@ def family(name: str) -> type[PositionalEmbedding]:
 def option_specs() -> tuple[OptionSpec, ...]:
     """Every option declared by a registered family's ``options_class``, once, in registry order.
 
-    Families may share an options class (``sandwich``, ``sandwich_smoothed``); two classes that
-    declare the same name are a programming error (``RuntimeError``): a YAML key sets one option.
+    Families may share an options class (``sandwich``, ``sandwich_smoothed``) or extend one by
+    subclassing it (``xpos``'s options add to ``rotary``'s, whose fields it inherits); two unrelated
+    classes that declare the same name are a programming error (``RuntimeError``): a YAML key sets
+    one option.
     """
     specs: dict[str, OptionSpec] = {}
     owners: dict[str, type] = {}
@@ -101,6 +109,9 @@ def option_specs() -> tuple[OptionSpec, ...]:
         if options_class is None or options_class in owners.values():
             continue
         for spec in declared_options(options_class):
+            owner = owners.get(spec.name)
+            if owner is not None and (issubclass(options_class, owner) or issubclass(owner, options_class)):
+                continue  # the same field, inherited
             if spec.name in specs:
                 raise RuntimeError(
                     f"positional option {spec.name!r} is declared by {owners[spec.name].__name__} and {options_class.__name__}"
@@ -123,6 +134,7 @@ def build(
     max_positions: int,
     head_offset: int = 0,
     total_heads: int | None = None,
+    num_layers: int = 1,
     **options: Any,
 ) -> PositionalEmbedding:
     """Build the embedding ``name``; its family receives the ``options`` its ``options_class`` declares.
@@ -132,7 +144,8 @@ def build(
     of the config (``cfg.positional.options()``) unconditionally. ``head_offset`` and
     ``total_heads`` are not options: they give a tensor-parallel rank its slice of the heads and
     reach the families whose values depend on the global head index (those whose constructor
-    takes them; :func:`kerple.positional.base.global_head_indices`).
+    takes them; :func:`kerple.positional.base.global_head_indices`). ``num_layers``, the model's
+    layer count, reaches the families with per-layer parameters (``cable``) likewise.
     """
     unknown = sorted(set(options) - set(option_names()))
     if unknown:
@@ -143,8 +156,11 @@ def build(
         declared = {field.name for field in dataclasses.fields(cls.options_class)}
         given = {key: value for key, value in options.items() if key in declared and value is not None}
         arguments["options"] = cls.options_class(**given)
-    if "head_offset" in inspect.signature(cls.__init__).parameters:
+    parameters = inspect.signature(cls.__init__).parameters
+    if "head_offset" in parameters:
         arguments.update(head_offset=head_offset, total_heads=total_heads)
+    if "num_layers" in parameters:
+        arguments["num_layers"] = num_layers
     return cls(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions, **arguments)
 
 

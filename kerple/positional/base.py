@@ -8,16 +8,21 @@ A positional embedding can act in three places:
   an additive bias and, for the weight kernels of KERPLE §5.3 / Appendix A.3, a multiplicative
   logit scale, ``new_scores = scores * logit_scale + bias`` (reference order, docs/reference-format.md §3).
 
-Every logit term in this project is a function of the causal distance ``d = i - j >= 0`` between
-query position ``i`` and key position ``j`` only. An embedding therefore describes itself with
-per-head *distance tables* of length ``k_len`` (O(H·L) memory), from which the dense
-``[H, q_len, k_len]`` matrices are gathered for the eager / sdpa paths. Tables are built once per
-forward and shared by all layers.
+Most logit terms are functions of the causal distance ``d = i - j >= 0`` between query position
+``i`` and key position ``j`` only. Such an embedding describes itself with per-head *distance
+tables* of length ``k_len`` (O(H·L) memory), from which the dense ``[H, q_len, k_len]`` matrices are
+gathered for the eager / sdpa paths. Tables are built once per forward and shared by all layers.
 
 Fused kernels (FlexAttention) take the term as a :class:`~kerple.positional.logit_term.LogitTerm`
 evaluated per score inside the kernel: the *closed form* an embedding returns from
 :meth:`PositionalEmbedding.logit_term` (computed from small per-head tensors), or, for an embedding
 without one (T5 buckets, Sandwich), a gather from its distance tables.
+
+Two later kinds of term have no distance tables, and eager / sdpa evaluate their closed form on the
+grid of the forward's positions instead: a term of the query position as well as the distance (FIRE:
+:meth:`~PositionalEmbedding.logit_term` alone), and a term of each layer's input (CABLE:
+:meth:`~PositionalEmbedding.layer_logit_term`, which every layer calls with its input before it
+attends; its parameters may be per layer, ``num_layers`` of them).
 
 The transformer layer never names an embedding: it asks for these hooks and nothing else.
 """
@@ -25,12 +30,15 @@ The transformer layer never names an embedding: it asks for these hooks and noth
 from __future__ import annotations
 
 import enum
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 from torch import nn
 
 from kerple.positional.logit_term import LogitTerm
+
+if TYPE_CHECKING:
+    from kerple.model.cache import KVCache
 
 
 def parameter_statistics(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
@@ -158,6 +166,11 @@ class PositionalEmbedding(nn.Module):
     * ``options_class``: the frozen dataclass declaring the family's config options
       (:mod:`kerple.positional.options`), or ``None`` when it has none; the constructor then takes
       ``options``, one instance of it.
+    * ``tensor_parallel``: whether tensor parallelism can split it by heads (every tensor either
+      per head or unused by the heads' shared computation); ``False`` refuses
+      ``model_parallel_size > 1`` when the config loads.
+    * ``num_layers``: ``None``, or for a family with per-layer parameters (its constructor takes
+      ``num_layers``) the layer count it was built for; the model must have as many layers.
 
     Tensor parallelism: an embedding may be given only a slice of the heads. Families whose values
     depend on the global head index (ALiBi slopes, Sandwich compression ratios, T5's xavier fan)
@@ -171,6 +184,8 @@ class PositionalEmbedding(nn.Module):
     learnable: bool = False
     keep_fp32: bool = True
     options_class: type | None = None
+    tensor_parallel: bool = True
+    num_layers: int | None = None
 
     def __init__(self, *, num_heads: int, head_dim: int, hidden_size: int, max_positions: int) -> None:
         super().__init__()
@@ -214,6 +229,16 @@ class PositionalEmbedding(nn.Module):
         sequence; its functions must equal the tables on every causal score (the contract tests
         compare values and gradients). ``None`` (the default) makes a fused kernel gather the
         distance tables instead.
+        """
+        return None
+
+    def layer_logit_term(self, layer: int, hidden: torch.Tensor, cache: KVCache | None = None) -> LogitTerm | None:
+        """The term of layer ``layer`` for its attention input ``hidden [b, n, h]``, or ``None`` (the default:
+        the term does not depend on the layer).
+
+        Called by every layer before it attends, for every kernel; ``cache`` is the forward's KV cache,
+        where a term keeps per-token values of earlier steps (:meth:`KVCache.extend_term_values`).
+        The returned closed form is evaluated at absolute positions, like :meth:`logit_term`'s.
         """
         return None
 

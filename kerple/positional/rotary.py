@@ -71,11 +71,15 @@ class RotaryEmbedding(PositionalEmbedding):
         angles = torch.cat([angles, angles], dim=-1)  # [s, rotary_ndims]
         return angles.cos(), angles.sin()
 
-    def _rotate_one(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _rotate_one(self, x: torch.Tensor, positions: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        """The rotated channels of ``x [b, H, s, head_dim]``, each then multiplied by ``scale [s, rotary_ndims]``
+        when given (xPos), in float32; the other channels pass through."""
         cos, sin = self._cos_sin(positions)
         rotated, passed = x[..., : self.rotary_ndims], x[..., self.rotary_ndims :]
         rotated = rotated.float()
         rotated = rotated * cos + rotate_half(rotated) * sin  # [b, H, s, rotary_ndims]
+        if scale is not None:
+            rotated = rotated * scale
         return torch.cat([rotated.to(x.dtype), passed], dim=-1)
 
     def rotate(

@@ -76,6 +76,7 @@ def transformer(task: Task, settings: RunSettings) -> nn.Module:
     embedding = positional.build(
         settings.pos_emb, num_heads=settings.num_heads, head_dim=settings.hidden_size // settings.num_heads,
         hidden_size=settings.hidden_size, max_positions=task.train_max_length,
+        num_layers=settings.transformer_layers,
     )
     return GPTModel(
         num_layers=settings.transformer_layers, hidden_size=settings.hidden_size,

@@ -18,7 +18,8 @@ def tiny_model(name: str, *, seed: int = 0, impl: str = "eager", window: int | N
     """A 2-layer, h=32, 4-head model with the registry's embedding ``name`` (flex not compiled)."""
     torch.manual_seed(seed)
     options = kwargs.pop("options", {})
-    pe = positional.build(name, num_heads=HEADS, head_dim=HEAD_DIM, hidden_size=HIDDEN, max_positions=128, **options)
+    pe = positional.build(name, num_heads=HEADS, head_dim=HEAD_DIM, hidden_size=HIDDEN, max_positions=128,
+                         num_layers=LAYERS, **options)
     kwargs.setdefault("flex_compile", False)
     return GPTModel(
         num_layers=LAYERS,

@@ -32,7 +32,8 @@ HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 def _model(name: str, head_dim: int, heads: int, layers: int, window: int | None, length: int) -> GPTModel:
     torch.manual_seed(0)
     hidden = heads * head_dim
-    pe = positional.build(name, num_heads=heads, head_dim=head_dim, hidden_size=hidden, max_positions=length)
+    pe = positional.build(name, num_heads=heads, head_dim=head_dim, hidden_size=hidden, max_positions=length,
+                          num_layers=layers)
     return GPTModel(num_layers=layers, hidden_size=hidden, num_attention_heads=heads, padded_vocab_size=VOCAB,
                     positional=pe, attention_window=window).cuda().train()
 

@@ -23,6 +23,8 @@ CLOSED_FORMS = {
     "gauss_wht1", "gauss_wht2", "gauss_bias2", "gauss_bias3", "sandwich_smoothed",
 }
 TABLE_ONLY = {"rpe", "sandwich"}
+WITHOUT_TABLES = {"fire"}  # a closed form of the query position too: no distance tables
+LAYER_TERMS = {"cable"}  # a term of each layer's input (layer_logit_term)
 
 
 def build(name: str) -> positional.PositionalEmbedding:
@@ -57,9 +59,14 @@ def causal(q_len: int, k_len: int) -> torch.Tensor:
 
 def test_which_embeddings_have_a_closed_form() -> None:
     with_term = {name for name in positional.names() if build(name).logit_term() is not None}
-    assert with_term == CLOSED_FORMS
+    assert with_term == CLOSED_FORMS | WITHOUT_TABLES
+    with_tables = {name for name in positional.names() if any(t is not None for t in build(name).distance_tables(4))}
+    assert with_tables == CLOSED_FORMS | TABLE_ONLY
+    hidden = torch.randn(1, 3, SIZES["hidden_size"])
+    per_layer = {name for name in positional.names() if build(name).layer_logit_term(0, hidden) is not None}
+    assert per_layer == LAYER_TERMS
     logit_kinds = {name for name in positional.names() if build(name).kind.value in ("bias", "weight")}
-    assert logit_kinds == CLOSED_FORMS | TABLE_ONLY
+    assert logit_kinds == CLOSED_FORMS | TABLE_ONLY | WITHOUT_TABLES | LAYER_TERMS
 
 
 def _gradients(module: positional.PositionalEmbedding, logits: torch.Tensor, weights: torch.Tensor) -> dict:
@@ -104,19 +111,20 @@ class _IndexCounter(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("name", sorted(CLOSED_FORMS))
+@pytest.mark.parametrize("name", sorted(CLOSED_FORMS | WITHOUT_TABLES))
 def test_closed_form_reads_each_per_head_tensor_once(name: str) -> None:
-    term = build(name).logit_term().divide_bias(1.7)
+    module = build(name)
+    term = module.logit_term().divide_bias(1.7)
     per_head = [tensor for tensor in term.tensors if tensor.dim() == 1]
-    assert all(tensor.shape == (H,) for tensor in per_head)
+    assert all(tensor.shape in ((H,), (1,)) for tensor in per_head)  # per head, or one value (FIRE's MLP input layer)
     assert all(tensor.dim() == 0 for tensor in term.tensors if tensor.dim() != 1)  # the 1/τ factor
     assert term.kind == "closed_form" and term.gathered_bytes == 0
     position = ScorePosition(*(torch.tensor(value) for value in (0, 2, 9, 4)))  # one score, as inside the kernel
     with _IndexCounter(term.tensors) as counter:
         term.apply(torch.tensor(0.5), position)
     assert [counter.counts[id(tensor)] for tensor in per_head] == [1] * len(per_head)
-    if positional.family(name).learnable:
-        assert all(tensor.requires_grad for tensor in per_head)
+    if positional.family(name).learnable:  # all but the buffers (FIRE's init_L) carry a parameter's gradient
+        assert sum(not tensor.requires_grad for tensor in per_head) == len(list(module.buffers()))
 
 
 @pytest.mark.parametrize("name", ["kerple_log", "kerple_bias_wht", "alibi"])

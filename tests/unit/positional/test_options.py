@@ -33,6 +33,14 @@ SECTION_BEFORE = {
     "rpe_num_buckets": ("int", 32, 2, None),
     "rpe_max_distance": ("int", 128, 1, None),
 }
+# Declared later, with the families that came after KERPLE (fire.py, xpos.py).
+ADDED_SINCE = {
+    "fire_mlp_width": ("int", 32, 1, None),
+    "fire_init_c": ("float", 0.1, 1e-6, None),
+    "fire_init_threshold": ("float or null", None, 1.0, None),
+    "xpos_scale_base": ("float", 512.0, 1.0, None),
+    "xpos_gamma": ("float", 0.4, None, None),
+}
 
 
 def test_section_keys_types_defaults_and_bounds_are_unchanged() -> None:
@@ -42,7 +50,7 @@ def test_section_keys_types_defaults_and_bounds_are_unchanged() -> None:
                       ref.metadata["maximum"])
         for ref in refs
     }
-    assert declared == SECTION_BEFORE
+    assert declared == {**SECTION_BEFORE, **ADDED_SINCE}
 
 
 @pytest.mark.parametrize(
@@ -55,6 +63,8 @@ def test_section_keys_types_defaults_and_bounds_are_unchanged() -> None:
         ("alibi_equal_slope: 2.5\n", "expected int or null"),
         ("rpe_num_buckets: 1\n", "must be >= 2"),
         ("rpe_max_distance: true\n", "expected int"),
+        ("xpos_gamma: 0\n", "must be > 0"),
+        ("fire_mlp_width: 0\n", "must be >= 1"),
     ],
 )
 def test_checks_name_the_file_and_key(tmp_path: Path, text: str, detail: str) -> None:
@@ -68,7 +78,7 @@ def test_checks_name_the_file_and_key(tmp_path: Path, text: str, detail: str) ->
 
 def test_option_names_are_the_section_fields_and_options() -> None:
     names = positional.option_names()
-    assert set(names) == set(SECTION_BEFORE) - {"pos_emb"}
+    assert set(names) == set(SECTION_BEFORE) - {"pos_emb"} | set(ADDED_SINCE)
     assert [f.name for f in dataclasses.fields(PositionalConfig)] == ["pos_emb", *names]
     assert tuple(PositionalConfig().options()) == names
     assert "head_offset" not in names and "total_heads" not in names  # tensor-parallel arguments, not options

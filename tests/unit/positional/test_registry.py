@@ -27,6 +27,9 @@ REQUIRED_NAMES = {
     "gauss_bias3",
     "sandwich",
     "sandwich_smoothed",
+    "fire",
+    "cable",
+    "xpos",
 }
 
 # docs/reference-format.md §1: every pos_emb string of the reference, plus short aliases.

@@ -1,0 +1,120 @@
+"""``fire``: Functional Interpolation for Relative positional Encoding (Li et al. 2023, arXiv
+2310.04418, §3, Eq. (3)-(4)).
+
+The bias of query position ``i`` and key position ``j <= i`` is a learned function of their distance,
+normalised by the query position (*progressive interpolation*), through a log transform:
+
+    b(i, j) = f_θ( ψ(i - j) / ψ(max(i, L)) ),     ψ(x) = log(c·x + 1),
+
+with ``f_θ`` an MLP ``1 → W → H`` (ReLU; W = 32) and learnable ``c`` and threshold ``L``. The
+normalised input lies in ``[0, 1]`` at every length, which is why FIRE is meant to extrapolate;
+because it depends on ``i`` and not only on ``i - j``, the term has no distance tables.
+
+Details the paper leaves to its code follow the public GPT-NeoX implementation that sits beside
+KERPLE (DAPE's fork, class ``FIRE``): ``ψ(x) = log(|c·x| + 1)``, the threshold is
+``|L_multiplier · init_L|`` with ``init_L`` fixed and ``L_multiplier`` (initially 1) learned, ``c``
+starts at 0.1, and ``1e-6`` is added to the denominator. Their names are kept (``mlp.0``, ``mlp.2``,
+``c``, ``init_L``, ``L_multiplier``), but the MLP's output layer has no bias: a constant per head is
+added to every score of the head's rows and cancels in the softmax (its gradient is 0). ``init_L`` defaults to ``max_positions / 8`` (that fork starts
+from 64 at train length 512), so the normalised input covers ``[0, 1]`` during training already.
+
+Sharing: that fork builds one FIRE per layer. Here, as for every positional module of this project
+(GPT-NeoX's KERPLE reference shares its kernel parameters across layers), ONE module serves all
+layers: FIRE and KERPLE are compared with the same sharing, and eager/sdpa build the dense term once
+per forward instead of once per layer.
+
+The term is a closed form (:meth:`Fire.logit_term`): the MLP is unrolled over its W hidden units
+inside FlexAttention's ``score_mod``, reading ``[1]`` slices of the first layer and ``[H]`` columns
+of the second (each captured tensor read once, FlexAttention's rule), so nothing of size ``L`` is
+read and memory stays O(L). Eager and sdpa evaluate the same function on the grid of the forward's
+(absolute) query and key positions, so a KV cache that decodes row ``i`` alone gets row ``i``'s bias.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kerple.positional.base import PositionalEmbedding, PositionKind
+from kerple.positional.logit_term import LogitTerm, ScorePosition, causal_distance
+from kerple.positional.options import option
+
+EPSILON = 1e-6  # added to ψ(max(i, L)), as the public implementation
+
+
+@dataclass(frozen=True)
+class FireOptions:
+    """Options of ``fire``."""
+
+    fire_mlp_width: int = option(32, "Hidden width W of FIRE's MLP 1 -> W -> heads (FIRE paper §3).", minimum=1)
+    fire_init_c: float = option(0.1, "Initial c of FIRE's log transform psi(x) = log(|c x| + 1).", minimum=1e-6)
+    fire_init_threshold: float | None = option(
+        None,
+        "FIRE's fixed init_L: the threshold is |L_multiplier * init_L| (L_multiplier learned, from 1); "
+        "default max_position_embeddings / 8.",
+        minimum=1.0,
+    )
+
+
+def fire_bias(tensors: tuple[torch.Tensor, ...], position: ScorePosition) -> torch.Tensor:
+    """``f_θ(ψ(i - j) / ψ(max(i, L)))`` per score (FIRE Eq. (4)); ``tensors`` as :meth:`Fire.logit_term`
+    packs them: ``c [1]``, ``L_multiplier [1]``, ``init_L [1]``, then the first layer's weights
+    ``[1]`` of every hidden unit, its biases ``[1]``, and the second layer's columns ``[H]``.
+
+    Every tensor is read once; the hidden units are summed in a Python loop (unrolled when traced).
+    """
+    c, multiplier, init_l, *mlp = tensors
+    width = len(mlp) // 3
+    c = torch.abs(c[0])
+    threshold = torch.abs(multiplier[0] * init_l[0])
+    query = position.query.to(torch.float32)
+    normaliser = torch.log1p(c * torch.maximum(query, threshold)) + EPSILON
+    normalised = torch.log1p(c * causal_distance(position)) / normaliser
+    weights_in, biases_in, weights_out = mlp[:width], mlp[width : 2 * width], mlp[2 * width :]
+    return sum(
+        weight_out[position.head] * torch.relu(normalised * weight_in[0] + bias_in[0])
+        for weight_in, bias_in, weight_out in zip(weights_in, biases_in, weights_out)
+    )
+
+
+class Fire(PositionalEmbedding):
+    """FIRE, one module for all layers: ``mlp`` (``Linear(1, W)``, ReLU, ``Linear(W, H)`` without bias), ``c``,
+    ``L_multiplier`` (parameters) and ``init_L`` (a buffer), all float32."""
+
+    kind = PositionKind.BIAS
+    state_dict_name = "fire"
+    learnable = True
+    tensor_parallel = False
+    options_class = FireOptions
+
+    def __init__(
+        self,
+        *,
+        num_heads: int,
+        head_dim: int,
+        hidden_size: int,
+        max_positions: int,
+        options: FireOptions = FireOptions(),
+    ) -> None:
+        super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
+        width = int(options.fire_mlp_width)
+        self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, num_heads, bias=False))
+        self.c = nn.Parameter(torch.tensor(float(options.fire_init_c)))
+        init_l = options.fire_init_threshold if options.fire_init_threshold is not None else max_positions / 8
+        self.register_buffer("init_L", torch.tensor(float(init_l)))
+        self.L_multiplier = nn.Parameter(torch.tensor(1.0))
+
+    def logit_term(self) -> LogitTerm:
+        """The closed form :func:`fire_bias` with its tensors (views of the parameters, so gradients reach them)."""
+        first, second = self.mlp[0], self.mlp[2]
+        tensors = (
+            self.c.float().reshape(1),
+            self.L_multiplier.float().reshape(1),
+            self.init_L.float().reshape(1),
+            *first.weight.float().reshape(-1).split(1),  # W x [1]
+            *first.bias.float().split(1),  # W x [1]
+            *second.weight.float().unbind(1),  # W x [H]
+        )
+        return LogitTerm(tensors, bias=fire_bias)

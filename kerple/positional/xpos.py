@@ -1,0 +1,94 @@
+"""``xpos``: rotary embedding with an exponential decay per dimension (Sun et al. 2022, *A
+Length-Extrapolatable Transformer*, §3.2, the "extrapolatable position embedding").
+
+Queries and keys are rotated as by :mod:`kerple.positional.rotary` (GPT-NeoX's halves layout,
+``rotary_pct``, ``rotary_emb_base``), and each rotated pair ``c`` is also scaled: the query at
+position ``n`` by ``ζ_c^(n/B)``, the key at position ``m`` by ``ζ_c^(-m/B)``, so their product
+carries ``ζ_c^((n - m)/B)``, a decay with the distance that is faster for the low-frequency pairs:
+
+    ζ_c = (2c/r + γ) / (1 + γ),   c = 0 .. r/2 - 1,   r = rotary dims,   γ = 0.4,   B = 512.
+
+γ = 0.4 is the paper's; ``B`` (the *scale base*) and the pairing of ``ζ_c`` with the ``c``-th
+frequency follow the authors' implementation in torchscale (``XPOS``, ``scale_base=512``), which
+also centres the positions of the scale so that the factors stay in range (only ``n - m`` matters).
+Here the centre is fixed, ``max_positions // 2``, rather than half of each call's length: a KV
+cache keeps keys scaled at earlier calls, and a centre that moved with the length would break
+``ζ^((n - m)/B)`` between them. The rotation itself uses the absolute positions, as torchscale's.
+
+Range: the largest factor is ``(1/ζ_0)^(|t - centre|/B)`` = ``3.5^(|t - centre|/512)`` at γ = 0.4;
+it stays within float32/bfloat16 (3.4e38) up to ``|t - centre|`` ≈ 36,000 positions, and within
+float16 (65,504) only up to about 4,500: half-precision runs should use bf16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kerple.positional.options import option
+from kerple.positional.rotary import RotaryEmbedding, RotaryOptions
+
+
+def _positive(value: float) -> str | None:
+    return None if value > 0 else "must be > 0"
+
+
+@dataclass(frozen=True)
+class XposOptions(RotaryOptions):
+    """Options of ``xpos``: rotary's (``rotary_pct``, ``rotary_emb_base``) and the decay's."""
+
+    xpos_scale_base: float = option(
+        512.0, "Scale base B of xPos: queries are scaled by zeta^(n/B), keys by zeta^(-m/B).", minimum=1.0
+    )
+    xpos_gamma: float = option(
+        0.4, "gamma of xPos's per-dimension decay zeta_c = (2c/r + gamma)/(1 + gamma).", check=_positive
+    )
+
+
+def xpos_decay(rotary_ndims: int, gamma: float) -> torch.Tensor:
+    """``ζ_c = (2c/r + γ)/(1 + γ)`` for ``c = 0 .. r/2 - 1`` as float32 ``[r/2]`` (xPos §3.2)."""
+    pair = torch.arange(0, rotary_ndims, 2, dtype=torch.float32)  # 2c
+    return (pair / rotary_ndims + gamma) / (1.0 + gamma)
+
+
+class XposEmbedding(RotaryEmbedding):
+    """xPos: rotary plus the decay ``ζ^(±t/B)``; buffers ``inv_freq`` and ``decay`` ``[r/2]``,
+    stored as ``xpos.inv_freq`` and ``xpos.decay``."""
+
+    state_dict_name = "xpos"
+    options_class = XposOptions
+
+    def __init__(
+        self,
+        *,
+        num_heads: int,
+        head_dim: int,
+        hidden_size: int,
+        max_positions: int,
+        options: XposOptions = XposOptions(),
+    ) -> None:
+        super().__init__(
+            num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions, options=options
+        )
+        reason = _positive(options.xpos_gamma)
+        if reason is not None:
+            raise ValueError(f"xpos_gamma {reason}, got {options.xpos_gamma}")
+        self.scale_base = float(options.xpos_scale_base)
+        self.centre = max_positions // 2
+        self.register_buffer("decay", xpos_decay(self.rotary_ndims, float(options.xpos_gamma)))
+
+    def _scale(self, positions: torch.Tensor, sign: float) -> torch.Tensor:
+        """``ζ^(sign·(t - centre)/B)`` as float32 ``[s, rotary_ndims]`` (pairs ``c`` and ``c + r/2`` share ``ζ_c``)."""
+        offsets = positions.to(device=self.decay.device, dtype=torch.float32) - self.centre
+        scale = self.decay.float() ** (sign * offsets[:, None] / self.scale_base)  # [s, r/2]
+        return torch.cat([scale, scale], dim=-1)
+
+    def rotate(
+        self, query: torch.Tensor, key: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate and scale ``query`` by ``ζ^(n/B)`` and ``key`` by ``ζ^(-m/B)`` at absolute positions ``[s]``."""
+        return (
+            self._rotate_one(query, q_positions, self._scale(q_positions, 1.0)),
+            self._rotate_one(key, k_positions, self._scale(k_positions, -1.0)),
+        )
