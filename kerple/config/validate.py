@@ -200,6 +200,15 @@ def _positional(cfg: Config) -> None:
             f"unknown positional embedding {name!r}; {hint}known: {', '.join(known)}",
             "positional.pos_emb",
         ) from None
+    if cfg.parallelism.model_parallel_size > 1 and not positional_family(cfg).tensor_parallel:
+        raise fail(
+            cfg,
+            f"{described(cfg, 'positional.pos_emb', cfg.positional.pos_emb)} cannot be split over tensor-parallel "
+            "ranks (its term reads tensors shared by all heads, whose gradient a rank would see from its own heads only); "
+            f"set model_parallel_size: 1, not {cfg.parallelism.model_parallel_size}",
+            "positional.pos_emb",
+            "parallelism.model_parallel_size",
+        )
     if is_learned_absolute(positional_family(cfg)) and cfg.model.seq_length > cfg.model.max_position_embeddings:
         raise fail(
             cfg,

@@ -24,9 +24,10 @@ layers: FIRE and KERPLE are compared with the same sharing, and eager/sdpa build
 per forward instead of once per layer.
 
 The term is a closed form (:meth:`Fire.logit_term`): the MLP is unrolled over its W hidden units
-inside FlexAttention's ``score_mod``, reading ``[1]`` slices of the first layer and ``[H]`` columns
-of the second (each captured tensor read once, FlexAttention's rule), so nothing of size ``L`` is
-read and memory stays O(L). Eager and sdpa evaluate the same function on the grid of the forward's
+inside FlexAttention's ``score_mod``, reading ``[1]`` pieces of the first layer and ``[H]`` columns
+of the second, each its own tensor (a clone: every captured tensor is read once, FlexAttention's
+rule, and its CPU lowering refuses captured views of one storage), so nothing of size ``L`` is read
+and memory stays O(L). Eager and sdpa evaluate the same function on the grid of the forward's
 (absolute) query and key positions, so a KV cache that decodes row ``i`` alone gets row ``i``'s bias.
 """
 
@@ -107,14 +108,14 @@ class Fire(PositionalEmbedding):
         self.L_multiplier = nn.Parameter(torch.tensor(1.0))
 
     def logit_term(self) -> LogitTerm:
-        """The closed form :func:`fire_bias` with its tensors (views of the parameters, so gradients reach them)."""
+        """The closed form :func:`fire_bias` with its tensors (clones of pieces of the parameters, so gradients reach them)."""
         first, second = self.mlp[0], self.mlp[2]
         tensors = (
             self.c.float().reshape(1),
             self.L_multiplier.float().reshape(1),
             self.init_L.float().reshape(1),
-            *first.weight.float().reshape(-1).split(1),  # W x [1]
-            *first.bias.float().split(1),  # W x [1]
-            *second.weight.float().unbind(1),  # W x [H]
+            *(w.clone() for w in first.weight.float().reshape(-1).split(1)),  # W x [1]
+            *(b.clone() for b in first.bias.float().split(1)),  # W x [1]
+            *(w.clone() for w in second.weight.float().unbind(1)),  # W x [H]
         )
         return LogitTerm(tensors, bias=fire_bias)

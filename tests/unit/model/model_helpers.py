@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -53,11 +54,13 @@ def reference_forward(
     num_heads: int,
     bias: torch.Tensor | None = None,
     window: int | None = None,
+    layer_bias: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """GPT-NeoX forward written from docs/reference-format.md §3-4 alone, reading weights by reference key.
 
-    ``bias`` is a dense ``[H, s, s]`` additive term on the scaled scores (``None``: no term).
-    Loops over heads and uses explicit per-head slicing of the fused QKV rows.
+    ``bias`` is a dense ``[H, s, s]`` additive term on the scaled scores (``None``: no term);
+    ``layer_bias(layer, x)`` instead gives layer ``layer``'s ``[b, H, s, s]`` term from its normalised
+    input ``x [b, s, h]`` (CABLE). Loops over heads and uses explicit per-head slicing of the fused QKV rows.
     """
     batch, seq = tokens.shape
     hidden = state["sequential.0.word_embeddings.weight"][tokens]
@@ -82,14 +85,15 @@ def reference_forward(
     for index in range(num_layers):
         p = f"sequential.{index + 2}"
         x = layer_norm(hidden, f"{p}.input_layernorm")
+        term = bias if layer_bias is None else layer_bias(index, x)  # [H, s, s] or [b, H, s, s]
         qkv = linear(x, f"{p}.attention.query_key_value")  # [b, s, 3h]
         heads = []
         for h in range(num_heads):
             block = qkv[..., h * 3 * head_dim : (h + 1) * 3 * head_dim]
             q, k, v = block[..., :head_dim], block[..., head_dim : 2 * head_dim], block[..., 2 * head_dim :]
             scores = q @ k.transpose(-1, -2) / math.sqrt(head_dim)
-            if bias is not None:
-                scores = scores + bias[h]
+            if term is not None:
+                scores = scores + term[..., h, :, :]
             scores = scores.masked_fill(~visible, -1e30)
             heads.append(torch.softmax(scores, -1) @ v)
         attention = linear(torch.cat(heads, -1), f"{p}.attention.dense")

@@ -57,7 +57,7 @@ def _decode(model, tokens: torch.Tensor, cache: KVCache, steps: list[int]) -> to
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa", "flex"])
-@pytest.mark.parametrize("name", ["kerple_log", "rotary", "learned", "kerple_bias_wht", "rpe"])
+@pytest.mark.parametrize("name", ["kerple_log", "rotary", "learned", "kerple_bias_wht", "rpe", "fire", "cable", "xpos"])
 def test_kv_cache_matches_full_forward(name: str, impl: str) -> None:
     if impl == "sdpa" and name == "kerple_bias_wht":
         pytest.skip("weight kernel cannot run under sdpa")
@@ -80,7 +80,7 @@ def test_cache_window_at_least_length_is_full_attention() -> None:
     torch.testing.assert_close(windowed, full, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["kerple_log", "rotary", "sandwich"])
+@pytest.mark.parametrize("name", ["kerple_log", "rotary", "sandwich", "fire", "cable"])
 @pytest.mark.parametrize("steps", [[1] * 24, [8, 8, 8], [5, 1, 1, 1, 16]])
 def test_cache_window_equals_attention_window(name: str, steps: list[int]) -> None:
     window = 6
