@@ -82,7 +82,7 @@ def fire_bias(tensors: tuple[torch.Tensor, ...], position: ScorePosition) -> tor
 
 class Fire(PositionalEmbedding):
     """FIRE, one module for all layers: ``mlp`` (``Linear(1, W)``, ReLU, ``Linear(W, H)`` without bias), ``c``,
-    ``L_multiplier`` (parameters) and ``init_L`` (a buffer), all float32."""
+    ``L_multiplier`` (parameters) and ``init_L`` (a buffer), all float32; the last three of shape ``[1]``."""
 
     kind = PositionKind.BIAS
     state_dict_name = "fire"
@@ -102,18 +102,19 @@ class Fire(PositionalEmbedding):
         super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
         width = int(options.fire_mlp_width)
         self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, num_heads, bias=False))
-        self.c = nn.Parameter(torch.tensor(float(options.fire_init_c)))
+        # [1] rather than 0-d as in the public code: DeepSpeed's parameter broadcast cannot view a 0-d tensor
+        self.c = nn.Parameter(torch.tensor([float(options.fire_init_c)]))
         init_l = options.fire_init_threshold if options.fire_init_threshold is not None else max_positions / 8
-        self.register_buffer("init_L", torch.tensor(float(init_l)))
-        self.L_multiplier = nn.Parameter(torch.tensor(1.0))
+        self.register_buffer("init_L", torch.tensor([float(init_l)]))
+        self.L_multiplier = nn.Parameter(torch.tensor([1.0]))
 
     def logit_term(self) -> LogitTerm:
         """The closed form :func:`fire_bias` with its tensors (clones of pieces of the parameters, so gradients reach them)."""
         first, second = self.mlp[0], self.mlp[2]
         tensors = (
-            self.c.float().reshape(1),
-            self.L_multiplier.float().reshape(1),
-            self.init_L.float().reshape(1),
+            self.c.float(),
+            self.L_multiplier.float(),
+            self.init_L.float(),
             *(w.clone() for w in first.weight.float().reshape(-1).split(1)),  # W x [1]
             *(b.clone() for b in first.bias.float().split(1)),  # W x [1]
             *(w.clone() for w in second.weight.float().unbind(1)),  # W x [H]

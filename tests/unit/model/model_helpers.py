@@ -13,12 +13,16 @@ from kerple.model import GPTModel
 
 LAYERS, HIDDEN, HEADS, VOCAB = 2, 32, 4, 64
 HEAD_DIM = HIDDEN // HEADS
+# FIRE: 8 hidden units test the same code as 32 with a quicker unfused flex; a threshold of 4 (not 128 / 8)
+# makes the normalised input span [0, 1] within the tests' few tokens, so every parameter gets a gradient
+TINY_OPTIONS = {"fire": {"fire_mlp_width": 8, "fire_init_threshold": 4.0}}
+
 
 
 def tiny_model(name: str, *, seed: int = 0, impl: str = "eager", window: int | None = None, **kwargs) -> GPTModel:
     """A 2-layer, h=32, 4-head model with the registry's embedding ``name`` (flex not compiled)."""
     torch.manual_seed(seed)
-    options = kwargs.pop("options", {})
+    options = {**TINY_OPTIONS.get(name, {}), **kwargs.pop("options", {})}
     pe = positional.build(name, num_heads=HEADS, head_dim=HEAD_DIM, hidden_size=HIDDEN, max_positions=128,
                          num_layers=LAYERS, **options)
     kwargs.setdefault("flex_compile", False)

@@ -59,8 +59,11 @@ def test_eager_and_sdpa_gradients_agree(name: str, window: int | None) -> None:
     eager = _gradients(name, "eager", window, tokens)
     sdpa = _gradients(name, "sdpa", window, tokens)
     assert eager.keys() == sdpa.keys()
+    # a gradient that is 0 up to rounding (FIRE's first-layer bias where a ReLU unit is always on: a
+    # constant per head, which the softmax cancels) is compared to the largest one instead of to itself
+    floor = 1e-3 * max(grad.norm() for grad in eager.values())
     for key in eager:
-        assert _relative_error(sdpa[key], eager[key]) <= 1e-5, key
+        assert float((sdpa[key] - eager[key]).norm() / max(eager[key].norm(), floor)) <= 1e-5, key
     if positional.family(name).learnable and positional.family(name).kind.value != "input":
         learnable = [key for key in eager if key.startswith("positional.")]
         assert learnable and all(eager[key].abs().sum() > 0 for key in learnable)

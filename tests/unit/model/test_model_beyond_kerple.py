@@ -44,11 +44,8 @@ def reference_logits(name: str, state: dict[str, torch.Tensor], tokens: torch.Te
     return reference_forward(state, tokens, num_layers=LAYERS, num_heads=HEADS, **terms)
 
 
-OPTIONS = {"fire": {"fire_mlp_width": 8}, "cable": {}}  # a narrower MLP than FIRE's 32 keeps the tests quick
-
-
 def model_and_state(name: str, impl: str) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    model = tiny_model(name, impl=impl, options=OPTIONS[name])
+    model = tiny_model(name, impl=impl)
     with torch.no_grad():  # move the parameters away from their initial values (CABLE's a starts at 0)
         for param in model.positional.parameters():
             param.add_(0.3 * torch.randn_like(param))
