@@ -28,7 +28,8 @@ def block_logits(query: torch.Tensor, key: torch.Tensor, context: AttentionConte
                  last: int) -> torch.Tensor:
     """Logits of query rows ``first:last`` ``[b, H, rows, k]`` in fp32, ``-inf`` where a key is not visible.
 
-    ``query`` is already divided by τ and ``context.bias_table`` too (as :class:`SelfAttention` does).
+    ``query`` is already divided by τ and ``context.bias_table`` (or the closed form's bias) too (as
+    :class:`SelfAttention` does).
     """
     device = query.device
     rows = torch.arange(first, last, device=device) + (context.k_len - context.q_len)
@@ -42,6 +43,10 @@ def block_logits(query: torch.Tensor, key: torch.Tensor, context: AttentionConte
         scores = scores * context.scale_table[:, index]  # [H, rows, k] broadcast over b
     if context.bias_table is not None:
         scores = scores + context.bias_table[:, index]
+    term = context.grid_term  # an embedding without distance tables (FIRE, CABLE): its closed form
+    if term is not None:
+        grid = context.score_grid(*query.shape[:2])
+        scores = term.apply(scores, grid._replace(query=grid.query[..., first:last, :]))
     return scores.masked_fill(~visible, float("-inf"))
 
 
@@ -49,6 +54,7 @@ def layer_statistics(attention: SelfAttention, hidden: torch.Tensor, context: At
                      block_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sums over batch and rows of ``P_max`` and ``H`` per head ``[H]`` for one layer's input ``hidden [b, s, h]``."""
     batch, seq, _ = hidden.shape
+    context = context.for_layer(attention.layer_index, hidden)  # a term of the layer's input (CABLE)
     qkv = attention.query_key_value(hidden).view(batch, seq, attention.num_heads, 3 * attention.head_dim)
     query, key, _ = qkv.transpose(1, 2).split(attention.head_dim, dim=-1)  # each [b, H, s, d]
     query, key = context.rotate(query, key, context.q_positions, context.q_positions)

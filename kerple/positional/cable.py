@@ -52,7 +52,7 @@ def cable_term(first: int) -> TermFunction:
     """``s_i - s_j`` reading ``tensors = (s, s_clone)`` ``[b, H, L]`` whose slot 0 is position ``first``."""
 
     def bias(tensors: tuple[torch.Tensor, ...], position: ScorePosition) -> torch.Tensor:
-        at_query, at_key = tensors
+        at_query, at_key = tensors[0], tensors[1]  # (a softmax temperature appends its 1/τ after them)
         query = position.query - first
         key = torch.clamp(position.key - first, min=0)  # masked scores may reach before the first slot
         return at_query[position.batch, position.head, query] - at_key[position.batch, position.head, key]

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from kerple.positional.base import PositionalEmbedding, PositionKind
-from kerple.positional.logit_term import LogitTerm, ScorePosition, causal_distance
+from kerple.positional.logit_term import LogitTerm, ScorePosition, TermFunction, causal_distance
 from kerple.positional.options import option
 
 EPSILON = 1e-6  # added to ψ(max(i, L)), as the public implementation
@@ -59,25 +59,30 @@ class FireOptions:
     )
 
 
-def fire_bias(tensors: tuple[torch.Tensor, ...], position: ScorePosition) -> torch.Tensor:
-    """``f_θ(ψ(i - j) / ψ(max(i, L)))`` per score (FIRE Eq. (4)); ``tensors`` as :meth:`Fire.logit_term`
-    packs them: ``c [1]``, ``L_multiplier [1]``, ``init_L [1]``, then the first layer's weights
-    ``[1]`` of every hidden unit, its biases ``[1]``, and the second layer's columns ``[H]``.
+def fire_term(width: int) -> TermFunction:
+    """``f_θ(ψ(i - j) / ψ(max(i, L)))`` per score (FIRE Eq. (4)) for an MLP of ``width`` hidden units,
+    reading the tensors :meth:`Fire.logit_term` packs: ``c [1]``, ``L_multiplier [1]``, ``init_L [1]``,
+    then the first layer's weights ``[1]`` of every hidden unit, its biases ``[1]``, and the second
+    layer's columns ``[H]`` (anything after them, e.g. a softmax temperature's ``1/τ``, is not read here).
 
     Every tensor is read once; the hidden units are summed in a Python loop (unrolled when traced).
     """
-    c, multiplier, init_l, *mlp = tensors
-    width = len(mlp) // 3
-    c = torch.abs(c[0])
-    threshold = torch.abs(multiplier[0] * init_l[0])
-    query = position.query.to(torch.float32)
-    normaliser = torch.log1p(c * torch.maximum(query, threshold)) + EPSILON
-    normalised = torch.log1p(c * causal_distance(position)) / normaliser
-    weights_in, biases_in, weights_out = mlp[:width], mlp[width : 2 * width], mlp[2 * width :]
-    return sum(
-        weight_out[position.head] * torch.relu(normalised * weight_in[0] + bias_in[0])
-        for weight_in, bias_in, weight_out in zip(weights_in, biases_in, weights_out)
-    )
+
+    def bias(tensors: tuple[torch.Tensor, ...], position: ScorePosition) -> torch.Tensor:
+        c, multiplier, init_l = tensors[:3]
+        weights_in, biases_in = tensors[3 : 3 + width], tensors[3 + width : 3 + 2 * width]
+        weights_out = tensors[3 + 2 * width : 3 + 3 * width]
+        c = torch.abs(c[0])
+        threshold = torch.abs(multiplier[0] * init_l[0])
+        query = position.query.to(torch.float32)
+        normaliser = torch.log1p(c * torch.maximum(query, threshold)) + EPSILON
+        normalised = torch.log1p(c * causal_distance(position)) / normaliser
+        return sum(
+            weight_out[position.head] * torch.relu(normalised * weight_in[0] + bias_in[0])
+            for weight_in, bias_in, weight_out in zip(weights_in, biases_in, weights_out)
+        )
+
+    return bias
 
 
 class Fire(PositionalEmbedding):
@@ -109,7 +114,7 @@ class Fire(PositionalEmbedding):
         self.L_multiplier = nn.Parameter(torch.tensor([1.0]))
 
     def logit_term(self) -> LogitTerm:
-        """The closed form :func:`fire_bias` with its tensors (clones of pieces of the parameters, so gradients reach them)."""
+        """The closed form :func:`fire_term` with its tensors (clones of pieces of the parameters, so gradients reach them)."""
         first, second = self.mlp[0], self.mlp[2]
         tensors = (
             self.c.float(),
@@ -119,4 +124,4 @@ class Fire(PositionalEmbedding):
             *(b.clone() for b in first.bias.float().split(1)),  # W x [1]
             *(w.clone() for w in second.weight.float().unbind(1)),  # W x [H]
         )
-        return LogitTerm(tensors, bias=fire_bias)
+        return LogitTerm(tensors, bias=fire_term(self.mlp[0].out_features))

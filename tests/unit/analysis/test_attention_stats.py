@@ -10,7 +10,10 @@ import torch
 from kerple import positional
 from kerple.analysis.attention_stats import attention_statistics
 from kerple.model import GPTModel
-from tests.unit.model.model_helpers import HEADS, HEAD_DIM, HIDDEN, VOCAB, tiny_model
+from kerple.checkpoint import NeoxAdapter
+from tests.unit.model.model_helpers import (
+    HEADS, HEAD_DIM, HIDDEN, VOCAB, cable_reference_bias, fire_reference_bias, tiny_model,
+)
 
 
 def one_layer_model(name: str, window: int | None = None) -> GPTModel:
@@ -65,3 +68,31 @@ def test_statistics_match_a_hand_computed_softmax() -> None:
         assert stats["pmax"][0][head] == pytest.approx(float(probs.max(-1).values.mean()), rel=1e-5)
         assert stats["entropy"][0][head] == pytest.approx(float(entropy.mean()), rel=1e-5)
     assert model.softmax_temperature == 1.0  # restored after the measurement
+
+
+@pytest.mark.parametrize("name", ["fire", "cable"])
+def test_statistics_include_a_term_without_distance_tables(name: str) -> None:
+    """FIRE's and CABLE's terms (no distance tables; CABLE's from each layer's input) enter the
+    logits of layer 1 as in the model, with τ = 0.8."""
+    tau, length = 0.8, 16
+    model = tiny_model(name, init_method_std=0.3).eval()
+    with torch.no_grad():
+        for param in model.positional.parameters():
+            param.mul_(3.0)  # a term large enough to matter
+    state = {key: value.detach() for key, value in NeoxAdapter.for_model(model).to_reference(model.state_dict()).items()}
+    tokens = torch.randint(0, VOCAB, (2, length), generator=torch.Generator().manual_seed(5))
+    seen = {}
+    attention = model.layers[1].attention
+    handle = attention.register_forward_pre_hook(lambda _m, inputs: seen.update(x=inputs[0]))
+    stats = attention_statistics(model, tokens, temperature=tau, block_rows=5, progress=False)
+    handle.remove()
+    x = seen["x"]
+    term = fire_reference_bias(state, length) if name == "fire" else cable_reference_bias(state)(1, x)
+    qkv = x @ attention.query_key_value.weight.T + attention.query_key_value.bias  # [b, s, 3h]
+    causal = torch.tril(torch.ones(length, length)).bool()
+    for head in range(HEADS):
+        block = qkv[..., head * 3 * HEAD_DIM : (head + 1) * 3 * HEAD_DIM]
+        q, k = block[..., :HEAD_DIM], block[..., HEAD_DIM : 2 * HEAD_DIM]
+        logits = (q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM) + term[..., head, :, :]) / tau
+        probs = torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1)
+        assert stats["pmax"][1][head] == pytest.approx(float(probs.max(-1).values.mean()), rel=1e-5)

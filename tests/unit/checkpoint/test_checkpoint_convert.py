@@ -98,7 +98,7 @@ def test_learned_export_loads_in_transformers_gpt2(tmp_path):
     assert state_dicts_equal(state, model.state_dict()) == []
 
 
-@pytest.mark.parametrize("pos_emb", ["kerple_log", "alibi", "rpe", "sandwich"])
+@pytest.mark.parametrize("pos_emb", ["kerple_log", "alibi", "rpe", "sandwich", "fire", "cable", "xpos"])
 def test_bias_embedding_export_round_trips_into_kerple(tmp_path, pos_emb):
     cfg = tiny_config(pos_emb)
     model = tiny_model(pos_emb)

@@ -106,3 +106,26 @@ def reference_forward(
         hidden = hidden + linear(F.gelu(linear(x, f"{p}.mlp.dense_h_to_4h")), f"{p}.mlp.dense_4h_to_h")
     hidden = layer_norm(hidden, f"sequential.{num_layers + 3}.norm")
     return hidden @ state[f"sequential.{num_layers + 4}.final_linear.weight"].T
+
+
+def fire_reference_bias(state: dict[str, torch.Tensor], seq: int) -> torch.Tensor:
+    """FIRE §3: ``MLP(ψ(i - j) / ψ(max(i, L)))``, ψ(x) = log(|c x| + 1), ``[H, s, s]``."""
+    prefix = "sequential.2.attention.fire."
+    c = state[prefix + "c"].abs()
+    threshold = (state[prefix + "L_multiplier"] * state[prefix + "init_L"]).abs()
+    position = torch.arange(seq, dtype=torch.float32)
+    distance = (position[:, None] - position[None, :]).clamp(min=0)
+    x = torch.log(c * distance + 1) / (torch.log(c * torch.maximum(position, threshold) + 1) + 1e-6)[:, None]
+    hidden = torch.relu(x[..., None] @ state[prefix + "mlp.0.weight"].T + state[prefix + "mlp.0.bias"])
+    return (hidden @ state[prefix + "mlp.2.weight"].T).permute(2, 0, 1)
+
+
+def cable_reference_bias(state: dict[str, torch.Tensor]) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    """CABLE §3 for layer ``l``: ``s_i - s_j``, ``s_t = Σ_{k<=t} -softplus(W_l x_k + a_l)``, ``[b, H, s, s]``."""
+
+    def layer_bias(layer: int, x: torch.Tensor) -> torch.Tensor:
+        weight, bias = state["sequential.2.attention.cable.weight"][layer], state["sequential.2.attention.cable.bias"][layer]
+        sums = torch.cumsum(-F.softplus(x @ weight.T + bias), dim=1).transpose(1, 2)  # [b, H, s]
+        return sums[..., :, None] - sums[..., None, :]
+
+    return layer_bias

@@ -3,44 +3,19 @@ each paper's term restated from the checkpoint tensors (values and gradients).""
 
 from __future__ import annotations
 
-from typing import Callable
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from kerple.checkpoint import NeoxAdapter
-from model_helpers import HEADS, LAYERS, VOCAB, reference_forward, tiny_model
+from model_helpers import HEADS, LAYERS, VOCAB, cable_reference_bias, fire_reference_bias, reference_forward, tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 SEQ = 19
 
 
-def fire_bias(state: dict[str, torch.Tensor], seq: int) -> torch.Tensor:
-    """FIRE §3: ``MLP(ψ(i - j) / ψ(max(i, L)))``, ψ(x) = log(|c x| + 1), ``[H, s, s]``."""
-    prefix = "sequential.2.attention.fire."
-    c = state[prefix + "c"].abs()
-    threshold = (state[prefix + "L_multiplier"] * state[prefix + "init_L"]).abs()
-    position = torch.arange(seq, dtype=torch.float32)
-    distance = (position[:, None] - position[None, :]).clamp(min=0)
-    x = torch.log(c * distance + 1) / (torch.log(c * torch.maximum(position, threshold) + 1) + 1e-6)[:, None]
-    hidden = torch.relu(x[..., None] @ state[prefix + "mlp.0.weight"].T + state[prefix + "mlp.0.bias"])
-    return (hidden @ state[prefix + "mlp.2.weight"].T).permute(2, 0, 1)
-
-
-def cable_bias(state: dict[str, torch.Tensor]) -> Callable[[int, torch.Tensor], torch.Tensor]:
-    """CABLE §3 for layer ``l``: ``s_i - s_j``, ``s_t = Σ_{k<=t} -softplus(W_l x_k + a_l)``, ``[b, H, s, s]``."""
-
-    def layer_bias(layer: int, x: torch.Tensor) -> torch.Tensor:
-        weight, bias = state["sequential.2.attention.cable.weight"][layer], state["sequential.2.attention.cable.bias"][layer]
-        sums = torch.cumsum(-F.softplus(x @ weight.T + bias), dim=1).transpose(1, 2)  # [b, H, s]
-        return sums[..., :, None] - sums[..., None, :]
-
-    return layer_bias
-
-
 def reference_logits(name: str, state: dict[str, torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
-    terms = {"bias": fire_bias(state, tokens.shape[1])} if name == "fire" else {"layer_bias": cable_bias(state)}
+    terms = {"bias": fire_reference_bias(state, tokens.shape[1])} if name == "fire" else {"layer_bias": cable_reference_bias(state)}
     return reference_forward(state, tokens, num_layers=LAYERS, num_heads=HEADS, **terms)
 
 
