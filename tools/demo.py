@@ -3,7 +3,7 @@
 1. prepares the Python standard library as a corpus (``prepare_data.py stdlib``) with a byte-level
    BPE trained on it (why not the 20B tokenizer is measured and printed);
 2. trains a tiny model (2 layers, width 128, train length 64) for each positional embedding with
-   ``train.py``;
+   ``train.py``: KERPLE's paper's set, Sandwich, and three that came after KERPLE (FIRE, CABLE, xPos);
 3. evaluates each with ``evaluate.py`` at 1x, 2x, 4x, 8x and 16x the train length (non-overlapping
    windows, the same scored tokens at every length; KERPLE §5.2), plus KERPLE-log with attention
    windowed to the train length (§5.5);
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from kerple.errors import entry_point  # noqa: E402
 
 PYTHON = sys.executable
-POS_EMBS = ("kerple_log", "kerple_power", "alibi", "rpe", "rotary", "sinusoidal", "sandwich")
+POS_EMBS = ("kerple_log", "kerple_power", "alibi", "rpe", "rotary", "sinusoidal", "sandwich", "fire", "cable", "xpos")
 KERNEL_EMBS = ("kerple_log", "kerple_power", "alibi", "rpe", "sandwich")
 FACTORS = (1, 2, 4, 8, 16)
 STEP_LINE = re.compile(r"step\s+(\d+)/(\d+)")
@@ -194,8 +194,8 @@ def figures(args: argparse.Namespace, data: DemoData, names: list[str]) -> list[
 
     results = ROOT / args.results
     longest = args.train_length * FACTORS[-1]
-    curves = {}  # paper Fig. 5: KERPLE-log against its windowed self, T5 and ALiBi (and rotary here)
-    for stem in ["kerple_log", "kerple_log-windowed", "alibi", "rpe", "rotary"]:
+    curves = {}  # paper Fig. 5: KERPLE-log against its windowed self, T5 and ALiBi (and rotary, FIRE, CABLE here)
+    for stem in ["kerple_log", "kerple_log-windowed", "alibi", "rpe", "rotary", "fire", "cable"]:
         path = results / f"{stem}.json"
         if stem.split("-")[0] in names and path.is_file():
             rows = {r["length"]: r for r in json.loads(path.read_text())["results"]}

@@ -34,6 +34,9 @@ DISPLAY_NAMES = {
     "rotary": "Rotary",
     "sinusoidal": "Sinusoidal",
     "sandwich": "Sandwich",
+    "fire": "FIRE",
+    "cable": "CABLE",
+    "xpos": "xPos",
     "learned": "Learned",
     "none": "NoPE",
 }
