@@ -8,6 +8,7 @@ sequence length, save/load/log/tensorboard directories) and is composed with the
     python tools/generate_ymls.py                      # writes configs/generated/ and run_all.sh
     python tools/generate_ymls.py --pe kerple_log alibi --data github --seeds 1235 --model 1-3B
     python tools/generate_ymls.py --grid table4.1      # thesis Table 4.1: ALiBi variants, windowed attention
+    python tools/generate_ymls.py --grid beyond        # FIRE, CABLE, xPos beside KERPLE-log and ALiBi
 
 ``--grid table4.1`` writes the thesis' §4.4 experiments instead of the embedding grid: ALiBi with
 every slope exponent shifted by Δ (``alibi-slope-shift``), ALiBi with one slope for all heads
@@ -15,6 +16,11 @@ every slope exponent shifted by Δ (``alibi-slope-shift``), ALiBi with one slope
 embedding (``attention-window``, §4.3.3); by default on ArXiv and OpenWebText2, train length 512,
 seed 1235, as in Tables 4.1 and 4.4. ``analyze.py receptive-field`` then measures what explains
 their perplexities (§4.5).
+
+``--grid beyond`` writes the embedding grid for the methods that came after KERPLE (FIRE, CABLE,
+xPos) beside KERPLE-log and ALiBi, on the paper's datasets, seeds and train lengths: the same
+trainer, data and evaluation for all of them, so their published comparisons with KERPLE can be
+repeated here.
 """
 
 from __future__ import annotations
@@ -35,7 +41,12 @@ TABLE_4_1 = {  # thesis Table 4.1: variant name -> (configs/pe file, keys that d
     **{f"alibi-same-h{h}": ("alibi", {"alibi-equal-slope": h}) for h in (0, 2, 4, 6, 8)},
     **{f"window{w}": ("none", {"attention-window": w}) for w in (40, 80, 100, 120, 160, 320)},
 }
-GRID_DEFAULTS = {"table4.1": {"data": ["arxiv", "openwebtext2"], "lengths": [512], "seeds": [1235]}}
+BEYOND_KERPLE = ["kerple_log", "alibi", "fire", "cable", "xpos"]  # the later methods beside their baselines
+PAPER_GRID = {"data": PAPER_DATASETS, "lengths": PAPER_LENGTHS, "seeds": PAPER_SEEDS}
+GRIDS = {  # grid name -> (variant name -> (configs/pe file, keys that differ), default data/lengths/seeds)
+    "table4.1": (TABLE_4_1, {"data": ["arxiv", "openwebtext2"], "lengths": [512], "seeds": [1235]}),
+    "beyond": ({pe: (pe, {}) for pe in BEYOND_KERPLE}, PAPER_GRID),
+}
 
 
 def run_name(model: str, pe: str, data: str, length: int, seed: int) -> str:
@@ -63,15 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", nargs="+", help=f"default: {' '.join(PAPER_DATASETS)} (table4.1: arxiv openwebtext2)")
     parser.add_argument("--seeds", nargs="+", type=int, help=f"default: {PAPER_SEEDS} (table4.1: 1235)")
     parser.add_argument("--lengths", nargs="+", type=int, help=f"default: {PAPER_LENGTHS} (table4.1: 512)")
-    parser.add_argument("--grid", choices=sorted(GRID_DEFAULTS), help="a thesis grid instead of --pe (see above)")
+    parser.add_argument("--grid", choices=sorted(GRIDS), help="a named grid instead of --pe (see above)")
     parser.add_argument("--out", default="configs/generated", help="where the run YAMLs go")
     parser.add_argument("--runs-dir", default="runs", help="parent of each run's checkpoints/ and logs/")
     args = parser.parse_args(argv)
-    defaults = GRID_DEFAULTS.get(args.grid, {"data": PAPER_DATASETS, "lengths": PAPER_LENGTHS, "seeds": PAPER_SEEDS})
+    variants, defaults = GRIDS[args.grid] if args.grid else ({pe: (pe, {}) for pe in args.pe}, PAPER_GRID)
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    variants = TABLE_4_1 if args.grid else {pe: (pe, {}) for pe in args.pe}
 
     model_file = f"configs/models/{args.model}.yml"
     needed = [model_file] + sorted({f"configs/pe/{pe}.yml" for pe, _ in variants.values()})

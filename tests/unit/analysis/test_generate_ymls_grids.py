@@ -1,4 +1,4 @@
-"""``tools/generate_ymls.py --grid table4.1``: the thesis' Table 4.1 runs, each loading with its setting."""
+"""``tools/generate_ymls.py``'s named grids: the thesis' Table 4.1 runs and the later methods beside KERPLE, each loading with its setting."""
 
 from __future__ import annotations
 
@@ -40,3 +40,16 @@ def test_table_4_1_grid_configs_load_with_their_settings(tmp_path: Path) -> None
     assert seen["shift"] == {-3, 0, 2, 4, 6, 8}
     assert seen["same"] == {0, 2, 4, 6, 8}
     assert seen["window"] == {40, 80, 100, 120, 160, 320}
+
+
+def test_beyond_kerple_grid_loads_every_later_method_beside_its_baselines(tmp_path: Path) -> None:
+    tool = load_tool()
+    assert tool.main(["--grid", "beyond", "--data", "github", "--seeds", "1235", "--out", str(tmp_path)]) == 0
+    commands = (tmp_path / "run_all.sh").read_text().splitlines()[2:]
+    seen = set()
+    for command in commands:
+        files = [str(REPO / f) if not f.startswith("/") else f for f in command.split()[3:]]
+        cfg = load_config(files)
+        seen.add((cfg.positional.pos_emb, cfg.model.seq_length))
+        assert cfg.training.seed == 1235 and cfg.model.num_layers == 12
+    assert seen == {(pe, length) for pe in ("kerple_log", "alibi", "fire", "cable", "xpos") for length in (512, 1024)}
