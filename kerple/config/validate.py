@@ -204,7 +204,8 @@ def _positional(cfg: Config) -> None:
         raise fail(
             cfg,
             f"{described(cfg, 'positional.pos_emb', cfg.positional.pos_emb)} cannot be split over tensor-parallel "
-            "ranks (its term reads tensors shared by all heads, whose gradient a rank would see from its own heads only); "
+            "ranks (its term reads tensors shared by all heads, whose gradient a rank would see from its own heads "
+            "only); "
             f"set model_parallel_size: 1, not {cfg.parallelism.model_parallel_size}",
             "positional.pos_emb",
             "parallelism.model_parallel_size",

@@ -15,8 +15,9 @@ KERPLE (DAPE's fork, class ``FIRE``): ``ψ(x) = log(|c·x| + 1)``, the threshold
 ``|L_multiplier · init_L|`` with ``init_L`` fixed and ``L_multiplier`` (initially 1) learned, ``c``
 starts at 0.1, and ``1e-6`` is added to the denominator. Their names are kept (``mlp.0``, ``mlp.2``,
 ``c``, ``init_L``, ``L_multiplier``), but the MLP's output layer has no bias: a constant per head is
-added to every score of the head's rows and cancels in the softmax (its gradient is 0). ``init_L`` defaults to ``max_positions / 8`` (that fork starts
-from 64 at train length 512), so the normalised input covers ``[0, 1]`` during training already.
+added to every score of the head's rows and cancels in the softmax (its gradient is 0). ``init_L``
+defaults to ``max_positions / 8`` (that fork starts from 64 at train length 512), so the normalised
+input covers ``[0, 1]`` during training already.
 
 Sharing: that fork builds one FIRE per layer. Here, as for every positional module of this project
 (GPT-NeoX's KERPLE reference shares its kernel parameters across layers), ONE module serves all
@@ -114,7 +115,8 @@ class Fire(PositionalEmbedding):
         self.L_multiplier = nn.Parameter(torch.tensor([1.0]))
 
     def logit_term(self) -> LogitTerm:
-        """The closed form :func:`fire_term` with its tensors (clones of pieces of the parameters, so gradients reach them)."""
+        """The closed form :func:`fire_term` with its tensors (clones of pieces of the parameters: gradients
+        reach them)."""
         first, second = self.mlp[0], self.mlp[2]
         tensors = (
             self.c.float(),

@@ -69,7 +69,8 @@ class XposEmbedding(RotaryEmbedding):
         options: XposOptions = XposOptions(),
     ) -> None:
         super().__init__(
-            num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions, options=options
+            num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions,
+            options=options,
         )
         reason = _positive(options.xpos_gamma)
         if reason is not None:
@@ -79,7 +80,7 @@ class XposEmbedding(RotaryEmbedding):
         self.register_buffer("decay", xpos_decay(self.rotary_ndims, float(options.xpos_gamma)))
 
     def _scale(self, positions: torch.Tensor, sign: float) -> torch.Tensor:
-        """``ζ^(sign·(t - centre)/B)`` as float32 ``[s, rotary_ndims]`` (pairs ``c`` and ``c + r/2`` share ``ζ_c``)."""
+        """``ζ^(sign·(t - centre)/B)`` as float32 ``[s, rotary_ndims]`` (pairs ``c``, ``c + r/2`` share ``ζ_c``)."""
         offsets = positions.to(device=self.decay.device, dtype=torch.float32) - self.centre
         scale = self.decay.float() ** (sign * offsets[:, None] / self.scale_base)  # [s, r/2]
         return torch.cat([scale, scale], dim=-1)

@@ -79,7 +79,8 @@ def test_statistics_include_a_term_without_distance_tables(name: str) -> None:
     with torch.no_grad():
         for param in model.positional.parameters():
             param.mul_(3.0)  # a term large enough to matter
-    state = {key: value.detach() for key, value in NeoxAdapter.for_model(model).to_reference(model.state_dict()).items()}
+    reference = NeoxAdapter.for_model(model).to_reference(model.state_dict())
+    state = {key: value.detach() for key, value in reference.items()}
     tokens = torch.randint(0, VOCAB, (2, length), generator=torch.Generator().manual_seed(5))
     seen = {}
     attention = model.layers[1].attention

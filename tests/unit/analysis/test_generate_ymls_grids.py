@@ -1,4 +1,5 @@
-"""``tools/generate_ymls.py``'s named grids: the thesis' Table 4.1 runs and the later methods beside KERPLE, each loading with its setting."""
+"""``tools/generate_ymls.py``'s named grids: the thesis' Table 4.1 runs and the later methods beside
+KERPLE, each loading with its setting."""
 
 from __future__ import annotations
 

@@ -124,7 +124,8 @@ def cable_reference_bias(state: dict[str, torch.Tensor]) -> Callable[[int, torch
     """CABLE §3 for layer ``l``: ``s_i - s_j``, ``s_t = Σ_{k<=t} -softplus(W_l x_k + a_l)``, ``[b, H, s, s]``."""
 
     def layer_bias(layer: int, x: torch.Tensor) -> torch.Tensor:
-        weight, bias = state["sequential.2.attention.cable.weight"][layer], state["sequential.2.attention.cable.bias"][layer]
+        weight = state["sequential.2.attention.cable.weight"][layer]
+        bias = state["sequential.2.attention.cable.bias"][layer]
         sums = torch.cumsum(-F.softplus(x @ weight.T + bias), dim=1).transpose(1, 2)  # [b, H, s]
         return sums[..., :, None] - sums[..., None, :]
 

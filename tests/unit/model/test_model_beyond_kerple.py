@@ -15,7 +15,10 @@ SEQ = 19
 
 
 def reference_logits(name: str, state: dict[str, torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
-    terms = {"bias": fire_reference_bias(state, tokens.shape[1])} if name == "fire" else {"layer_bias": cable_reference_bias(state)}
+    if name == "fire":
+        terms = {"bias": fire_reference_bias(state, tokens.shape[1])}
+    else:
+        terms = {"layer_bias": cable_reference_bias(state)}
     return reference_forward(state, tokens, num_layers=LAYERS, num_heads=HEADS, **terms)
 
 

@@ -22,7 +22,9 @@ def test_temperature_one_leaves_the_model_unchanged(name: str) -> None:
     assert torch.equal(before, after)
 
 
-@pytest.mark.parametrize("name", ["alibi", "kerple_log", "kerple_power", "rotary", "kerple_wht", "none", "fire", "cable", "xpos"])
+@pytest.mark.parametrize(
+    "name", ["alibi", "kerple_log", "kerple_power", "rotary", "kerple_wht", "none", "fire", "cable", "xpos"]
+)
 def test_kernels_agree_with_a_temperature(name: str) -> None:
     outputs = {}
     for impl in supported_impls(name):

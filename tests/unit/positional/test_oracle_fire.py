@@ -49,13 +49,14 @@ def test_one_score_by_hand() -> None:
     x = math.log(3.5) / (math.log(5.5) + 1e-6)
     units = [max(0.0, 2.0 * x + 0.1), max(0.0, -x + 0.3)]
     expected = [units[0] + units[1], 0.5 * units[0] - 2.0 * units[1], 3.0 * units[1]]
+    term = module.logit_term()
     for head in range(H):
         score = score_at(head, 9, 4)
-        assert module.logit_term().bias(module.logit_term().tensors, score).item() == pytest.approx(expected[head], rel=1e-6)
+        assert term.bias(term.tensors, score).item() == pytest.approx(expected[head], rel=1e-6)
     # query 3 < L: normalised by ψ(L) = log(1 + 0.5·6)
     x = math.log(2.0) / (math.log(4.0) + 1e-6)
     units = [max(0.0, 2.0 * x + 0.1), max(0.0, -x + 0.3)]
-    assert module.logit_term().bias(module.logit_term().tensors, score_at(0, 3, 1)).item() == pytest.approx(sum(units), rel=1e-6)
+    assert term.bias(term.tensors, score_at(0, 3, 1)).item() == pytest.approx(sum(units), rel=1e-6)
 
 
 @pytest.mark.parametrize("first_query", [0, 3, 40])  # rows below and above the threshold L = 1.2 · 64 / 8

@@ -38,7 +38,8 @@ def reference_scores(query: torch.Tensor, key: torch.Tensor, n: torch.Tensor, m:
 def test_scores_equal_the_complex_formula(offset: int) -> None:
     module = build()
     generator = torch.Generator().manual_seed(0)
-    query, key = torch.randn(1, 1, 5, HEAD_DIM, generator=generator), torch.randn(1, 1, 7, HEAD_DIM, generator=generator)
+    query = torch.randn(1, 1, 5, HEAD_DIM, generator=generator)
+    key = torch.randn(1, 1, 7, HEAD_DIM, generator=generator)
     n, m = torch.arange(offset + 2, offset + 7), torch.arange(offset, offset + 7)
     rotated_q, rotated_k = module.rotate(query, key, n, m)
     scores = (rotated_q @ rotated_k.transpose(-1, -2))[0, 0]
@@ -51,7 +52,8 @@ def test_a_large_scale_base_is_rotary() -> None:
     rotary = positional.build("rotary", num_heads=2, head_dim=HEAD_DIM, hidden_size=16, max_positions=64)
     query = torch.randn(1, 2, 6, HEAD_DIM)
     positions = torch.arange(10, 16)
-    for ours, theirs in zip(xpos.rotate(query, query, positions, positions), rotary.rotate(query, query, positions, positions)):
+    rotated = zip(xpos.rotate(query, query, positions, positions), rotary.rotate(query, query, positions, positions))
+    for ours, theirs in rotated:
         torch.testing.assert_close(ours, theirs)
 
 
