@@ -53,8 +53,11 @@ def plot_ppl_vs_length(
 ) -> Path:
     """One line per embedding: ``name -> (lengths, mean ppl, std ppl or None)``; log-log axes."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, (lengths, means, stds) in series.items():
-        line = ax.plot(lengths, means, marker="o", label=name)[0]
+    cycle = len(plt.rcParams["axes.prop_cycle"])
+    for index, (name, (lengths, means, stds)) in enumerate(series.items()):
+        repeated = index >= cycle  # the colours repeat: a dashed line and square markers tell them apart
+        line = ax.plot(lengths, means, marker="s" if repeated else "o", linestyle="--" if repeated else "-",
+                       label=name)[0]
         if stds is not None and any(s > 0 for s in stds):
             low = np.asarray(means) - np.asarray(stds)
             high = np.asarray(means) + np.asarray(stds)

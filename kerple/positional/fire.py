@@ -16,8 +16,11 @@ KERPLE (DAPE's fork, class ``FIRE``): ``ψ(x) = log(|c·x| + 1)``, the threshold
 starts at 0.1, and ``1e-6`` is added to the denominator. Their names are kept (``mlp.0``, ``mlp.2``,
 ``c``, ``init_L``, ``L_multiplier``), but the MLP's output layer has no bias: a constant per head is
 added to every score of the head's rows and cancels in the softmax (its gradient is 0). ``init_L``
-defaults to ``max_positions / 8`` (that fork starts from 64 at train length 512), so the normalised
-input covers ``[0, 1]`` during training already.
+is 512 by default, the default of that fork's class and of the FIRE class circulated with the
+paper's citation (the fork's own configs pass 64 for train length 512). It matters: below the
+threshold a row's normaliser is the constant ``ψ(L)``, so with ``L`` at or above the evaluated
+lengths FIRE is a learned function of the distance alone, and with ``L`` below the train length
+the normalisation by ``ψ(i)`` already acts in training (README, "Results: make demo", measures both).
 
 Sharing: that fork builds one FIRE per layer. Here, as for every positional module of this project
 (GPT-NeoX's KERPLE reference shares its kernel parameters across layers), ONE module serves all
@@ -52,10 +55,9 @@ class FireOptions:
 
     fire_mlp_width: int = option(32, "Hidden width W of FIRE's MLP 1 -> W -> heads (FIRE paper §3).", minimum=1)
     fire_init_c: float = option(0.1, "Initial c of FIRE's log transform psi(x) = log(|c x| + 1).", minimum=1e-6)
-    fire_init_threshold: float | None = option(
-        None,
-        "FIRE's fixed init_L: the threshold is |L_multiplier * init_L| (L_multiplier learned, from 1); "
-        "default max_position_embeddings / 8.",
+    fire_init_threshold: float = option(
+        512.0,
+        "FIRE's fixed init_L: the threshold L is |L_multiplier * init_L| (L_multiplier learned, from 1).",
         minimum=1.0,
     )
 
@@ -110,8 +112,7 @@ class Fire(PositionalEmbedding):
         self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, num_heads, bias=False))
         # [1] rather than 0-d as in the public code: DeepSpeed's parameter broadcast cannot view a 0-d tensor
         self.c = nn.Parameter(torch.tensor([float(options.fire_init_c)]))
-        init_l = options.fire_init_threshold if options.fire_init_threshold is not None else max_positions / 8
-        self.register_buffer("init_L", torch.tensor([float(init_l)]))
+        self.register_buffer("init_L", torch.tensor([float(options.fire_init_threshold)]))
         self.L_multiplier = nn.Parameter(torch.tensor([1.0]))
 
     def logit_term(self) -> LogitTerm:

@@ -53,7 +53,7 @@ def _fake_positional() -> types.ModuleType:
 
     def family(name: str) -> types.SimpleNamespace:
         kind, learnable = FAKE_FAMILIES[canonical(name)]
-        return types.SimpleNamespace(kind=kind, learnable=learnable)
+        return types.SimpleNamespace(kind=kind, learnable=learnable, tensor_parallel=True)
 
     module.canonical = canonical
     module.family = family

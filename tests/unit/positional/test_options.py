@@ -37,7 +37,7 @@ SECTION_BEFORE = {
 ADDED_SINCE = {
     "fire_mlp_width": ("int", 32, 1, None),
     "fire_init_c": ("float", 0.1, 1e-6, None),
-    "fire_init_threshold": ("float or null", None, 1.0, None),
+    "fire_init_threshold": ("float", 512.0, 1.0, None),
     "xpos_scale_base": ("float", 512.0, 1.0, None),
     "xpos_gamma": ("float", 0.4, None, None),
 }
@@ -164,3 +164,14 @@ def test_a_new_option_appears_in_every_derived_place() -> None:
     done = subprocess.run([sys.executable, "-c", NEW_FAMILY], cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "toy options derived"
+
+
+@pytest.mark.parametrize("name", ["fire", "cable"])
+def test_tensor_parallelism_is_refused_for_terms_shared_by_all_heads(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "pe.yml"
+    path.write_text(f"pos_emb: {name}\nmodel_parallel_size: 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_config([str(REPO / "configs/models/tiny.yml"), str(path)])
+    message = str(info.value)
+    assert "keys 'pos_emb' and 'model_parallel_size'" in message and "set model_parallel_size: 1" in message
+    load_config([str(REPO / "configs/models/tiny.yml")], {"pos_emb": "kerple_log", "model_parallel_size": 2})

@@ -17,6 +17,7 @@ H = 3
 
 
 def build(**options) -> Fire:
+    options.setdefault("fire_init_threshold", 8.0)
     torch.manual_seed(0)
     return positional.build("fire", num_heads=H, head_dim=4, hidden_size=12, max_positions=64, **options)
 
@@ -59,10 +60,11 @@ def test_one_score_by_hand() -> None:
     assert term.bias(term.tensors, score_at(0, 3, 1)).item() == pytest.approx(sum(units), rel=1e-6)
 
 
-@pytest.mark.parametrize("first_query", [0, 3, 40])  # rows below and above the threshold L = 1.2 · 64 / 8
+@pytest.mark.parametrize("first_query", [0, 3, 40])  # rows below and above the threshold L = 1.2 · 8
 def test_closed_form_equals_the_dense_formula_in_value_and_gradient(first_query: int) -> None:
     module = build()
-    assert module.init_L.item() == 8.0  # max_positions / 8
+    assert module.init_L.item() == 8.0
+    assert Fire(num_heads=H, head_dim=4, hidden_size=12, max_positions=64).init_L.item() == 512.0  # the default
     with torch.no_grad():
         module.c.fill_(0.3)
         module.L_multiplier.fill_(1.2)
