@@ -72,20 +72,23 @@ def settings_from(args: argparse.Namespace) -> tuple[Settings, Outputs]:
 
 
 def detect_device(settings: Settings) -> str:
-    """The device's name; the full scale refuses to start without CUDA."""
+    """The device's name: the tiny scale runs on the CPU; the full scale refuses to start without CUDA."""
+    if not settings.scale.needs_cuda:
+        return "CPU"
     import torch
 
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
-    if settings.scale.needs_cuda:
-        raise ReproduceError("--scale full trains 162M-parameter models and needs a CUDA GPU (torch sees none); "
-                             "on a CPU, check the orchestration with --scale tiny (make gpu-reproduce SCALE=tiny)")
-    return "CPU"
+    raise ReproduceError("--scale full trains 162M-parameter models and needs a CUDA GPU (torch sees none); "
+                         "on a CPU, check the orchestration with --scale tiny (make gpu-reproduce SCALE=tiny)")
 
 
 def child_environment(cuda: bool) -> dict[str, str]:
-    """The children's environment: this checkout's kerple, DeepSpeed on the right accelerator, offline."""
+    """The children's environment: this checkout's kerple, DeepSpeed on the right accelerator (no GPU
+    visible to a CPU run), offline."""
     env = {**os.environ, "DS_ACCELERATOR": "cuda" if cuda else "cpu", "TOKENIZERS_PARALLELISM": "false"}
+    if not cuda:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         env.setdefault(key, "1")
