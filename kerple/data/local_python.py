@@ -74,7 +74,8 @@ def _license_of(metadata: Any) -> str:
     expression = metadata.get("License-Expression")
     if expression:
         return str(expression).strip()
-    classifiers = [c.split("::")[-1].strip() for c in metadata.get_all("Classifier") or [] if c.startswith("License ::")]
+    classifiers = [c.split("::")[-1].strip() for c in metadata.get_all("Classifier") or []
+                   if c.startswith("License ::")]
     if classifiers:
         return " / ".join(sorted(set(classifiers)))
     text = (metadata.get("License") or "").strip().splitlines()

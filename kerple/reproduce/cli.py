@@ -15,7 +15,9 @@ when more remains to do; 1 when a training or evaluation failed (its log is name
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,7 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--attention-impl", choices=("auto", "flex", "sdpa", "eager"), default="auto",
                         help="auto: FlexAttention for biases on CUDA, with sdpa if it fails to compile")
     parser.add_argument("--docs", type=Path, help="report page (default docs/reproduce-162m.md at full scale)")
-    parser.add_argument("--readme", type=Path, help="README with a marked section to fill (default README.md at full scale)")
+    parser.add_argument("--readme", type=Path,
+                        help="README with a marked section to fill (default README.md at full scale)")
     parser.add_argument("--no-readme", action="store_true", help="leave the README alone")
     parser.add_argument("--report-only", action="store_true", help="write the report from what is on disk and exit")
     return parser.parse_args(argv)
@@ -65,22 +68,24 @@ def settings_from(args: argparse.Namespace) -> tuple[Settings, Outputs]:
     roots = tuple(str(Path(root).resolve()) for root in args.root)
     settings = Settings(scale, tokens, names, work, roots, attention_impl=args.attention_impl)
     full = scale.name == "full"
-    page = (args.docs or (REPO / "docs" / "reproduce-162m.md" if full else work / "report" / "reproduce-tiny.md")).resolve()
+    default_page = REPO / "docs" / "reproduce-162m.md" if full else work / "report" / "reproduce-tiny.md"
+    page = (args.docs or default_page).resolve()
     readme = None if args.no_readme else (args.readme or (REPO / "README.md" if full else None))
     plot = page.parent / "images" / f"reproduce_{'162m' if full else scale.name}_ppl_vs_length.png"
     return settings, Outputs(page, plot, readme.resolve() if readme else None)
 
 
 def detect_device(settings: Settings) -> str:
-    """The device's name: the tiny scale runs on the CPU; the full scale refuses to start without CUDA."""
+    """The device's name: the tiny scale runs on the CPU; the full scale refuses to start without CUDA.
+    CUDA is queried in a child process, so this process never holds GPU memory of its own."""
     if not settings.scale.needs_cuda:
         return "CPU"
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
-    raise ReproduceError("--scale full trains 162M-parameter models and needs a CUDA GPU (torch sees none); "
-                         "on a CPU, check the orchestration with --scale tiny (make gpu-reproduce SCALE=tiny)")
+    query = "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
+    name = subprocess.run([sys.executable, "-c", query], capture_output=True, text=True).stdout.strip()
+    if not name:
+        raise ReproduceError("--scale full trains 162M-parameter models and needs a CUDA GPU (torch sees none); "
+                             "on a CPU, check the orchestration with --scale tiny (make gpu-reproduce SCALE=tiny)")
+    return name.splitlines()[-1]
 
 
 def child_environment(cuda: bool) -> dict[str, str]:
@@ -159,8 +164,6 @@ def finish(ctx: Context, corpus: Corpus | None, outputs: Outputs, failure: str |
 
 
 def _complete(settings: Settings, name: str) -> bool:
-    import json
-
     path = results_file(settings, name)
     return path.is_file() and bool(json.loads(path.read_text()).get("complete"))
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kerple.atomic import write_text_atomic
+from kerple.evaluation.stats import build_tables, display_name, format_mean_std, load_run
 from kerple.reproduce.errors import ReproduceError
 from kerple.reproduce.plan import PAPER_STEPS, REPO, Corpus, Settings, run_folder
 from kerple.reproduce.stages import results_file
@@ -53,8 +54,6 @@ def check_readme(readme: Path | None) -> None:
 
 def load_ppl(settings: Settings) -> dict[str, dict[int, float]]:
     """Perplexity per length of every run with results (complete or not)."""
-    from kerple.evaluation.stats import load_run
-
     found = {}
     for pos_emb in settings.pos_embs:
         path = results_file(settings, pos_emb)
@@ -63,14 +62,12 @@ def load_ppl(settings: Settings) -> dict[str, dict[int, float]]:
     return found
 
 
-def ppl_table(settings: Settings, ppl: dict[str, dict[int, float]], pending: str) -> str:
+def ppl_table(settings: Settings, ppl: dict[str, dict[int, float]]) -> str:
     """Table 3's layout: a row per evaluation length, a column per embedding, one seed per cell."""
-    from kerple.evaluation.stats import display_name, format_mean_std
-
     header = ["Extrp.", *(display_name(name) for name in settings.pos_embs)]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
     for length in settings.scale.lengths:
-        cells = [format_mean_std(ppl[name][length], 0.0).split(" ±")[0] if length in ppl.get(name, {}) else pending
+        cells = [format_mean_std(ppl[name][length], 0.0).split(" ±")[0] if length in ppl.get(name, {}) else "pending"
                  for name in settings.pos_embs]
         lines.append(f"| {length} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -114,24 +111,24 @@ def evaluation_kernels(settings: Settings, pos_emb: str) -> str:
     return ", ".join(dict.fromkeys(kernels)) or "-"
 
 
-def timing_table(settings: Settings, state: State, pending: str) -> str:
+def timing_table(settings: Settings, state: State) -> str:
     """Per run: attention kernels, steps, training wall time over its chunks, tokens/s, evaluation time."""
-    from kerple.evaluation.stats import display_name
-
-    lines = ["| run | attention (train / eval) | steps | training wall time (chunks) | tokens/s | evaluation wall time |",
-             "|---|---|---:|---:|---:|---:|"]
+    header = ["run", "attention (train / eval)", "steps", "training wall time (chunks)", "tokens/s",
+              "evaluation wall time"]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|---:|---:|---:|---:|"]
     for pos_emb in settings.pos_embs:
         record = state.runs.get(pos_emb)
         if record is None or not record.chunks:
-            lines.append(f"| {display_name(pos_emb)} | {pending} | | | | |")
+            lines.append(f"| {display_name(pos_emb)} | pending | | | | |")
             continue
         steps = max(chunk.end_step for chunk in record.chunks)
         speed = median_tokens_per_s(settings, pos_emb)
         train_s, evaluate_s = record.seconds("train"), record.seconds("evaluate")
         kernel = training_kernel(settings, state, pos_emb, record.last_impl("train"))
-        lines.append(f"| {display_name(pos_emb)} | {kernel} / {evaluation_kernels(settings, pos_emb)} | "
-                     f"{steps:,} of {settings.steps:,} | {format_duration(train_s)} ({record.count('train')}) | "
-                     f"{'' if speed is None else f'{speed:,.0f}'} | {format_duration(evaluate_s) if evaluate_s else ''} |")
+        cells = [display_name(pos_emb), f"{kernel} / {evaluation_kernels(settings, pos_emb)}",
+                 f"{steps:,} of {settings.steps:,}", f"{format_duration(train_s)} ({record.count('train')})",
+                 "" if speed is None else f"{speed:,.0f}", format_duration(evaluate_s) if evaluate_s else ""]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -191,7 +188,8 @@ def setup_lines(settings: Settings, state: State, corpus: Corpus | None) -> list
         f"{', '.join(f'`{root}`' for root in source.get('roots', []))}, held out by file: train "
         f"{corpus.documents('train'):,} files / {corpus.tokens('train'):,} tokens, validation "
         f"{corpus.documents('valid'):,} / {corpus.tokens('valid'):,}, test {corpus.documents('test'):,} / "
-        f"{corpus.tokens('test'):,}. The budget is {tokens / max(corpus.tokens('train'), 1):.1f} epochs of the train split"
+        f"{corpus.tokens('test'):,}. The budget is {tokens / max(corpus.tokens('train'), 1):.1f} epochs of the train "
+        "split"
         + (f"; prepared in {format_duration(state.corpus_seconds)}." if state.corpus_seconds else "."))
     lines.append(f"- **Tokenizer**: a byte-level BPE of {corpus.vocab_size:,} ids trained on the train split "
                  "(`prepare_data.py python --train-tokenizer`).")
@@ -212,8 +210,8 @@ def readme_section(settings: Settings, state: State, ppl: dict[str, dict[int, fl
         status_line(settings, state, ppl),
         f"Perplexity on the held-out Python files (train length {settings.scale.seq_length}, "
         f"{format_tokens(settings.steps * settings.scale.tokens_per_step)} training tokens per run):",
-        ppl_table(settings, ppl, "pending"),
-        timing_table(settings, state, "pending"),
+        ppl_table(settings, ppl),
+        timing_table(settings, state),
         f"Corpus, recipe, plot and the comparison with the paper's Table 3: [{page}]({page}).",
     ])
 
@@ -231,10 +229,10 @@ def page_text(settings: Settings, state: State, corpus: Corpus | None, ppl: dict
         "continues the reproduction and rewrites this page.",
         status_line(settings, state, ppl),
         "## Set-up\n\n" + "\n".join(setup_lines(settings, state, corpus)),
-        "## Perplexity (Table 3 layout)\n\n" + ppl_table(settings, ppl, "pending"),
+        "## Perplexity (Table 3 layout)\n\n" + ppl_table(settings, ppl),
         image,
         "## Time per run\n\nWall time sums the run's chunks (start-up, compilation and checkpoints included); "
-        "tokens/s is the median of the trainer's logged steps.\n\n" + timing_table(settings, state, "pending"),
+        "tokens/s is the median of the trainer's logged steps.\n\n" + timing_table(settings, state),
         *(["Attention: " + "; ".join(fallbacks)] if (fallbacks := _fallbacks(settings, state)) else []),
         "## Against the paper's Table 3\n\n" + "\n".join(paper_checks(settings, ppl)),
     ]) + "\n"
@@ -252,8 +250,7 @@ def _fallbacks(settings: Settings, state: State) -> list[str]:
 
 def write_report(settings: Settings, state: State, corpus: Corpus | None, outputs: Outputs) -> list[Path]:
     """Write the plot (when any run has results), the docs page and the README section; return them."""
-    from kerple.evaluation.compare import plot_table
-    from kerple.evaluation.stats import build_tables, load_run
+    from kerple.evaluation.compare import plot_table  # matplotlib: only when a report is written
 
     ppl = load_ppl(settings)
     written, plot = [], None

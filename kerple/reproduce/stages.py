@@ -161,9 +161,9 @@ def train(ctx: Context, corpus: Corpus, pos_emb: str) -> bool:
         ctx.out(f"training {pos_emb}: {'resuming at' if start else 'starting at'} step {start:,} of "
                 f"{settings.steps:,} (attention_impl {impl})")
         command = [ctx.python, REPO / "train.py", *config_arguments(settings, corpus, pos_emb, impl)]
-        outcome = run_child(command, log_path=ctx.log(f"{pos_emb}-train"), stop=ctx.stop, deadline=ctx.stage_deadline,
-                            margin=scale.stop_margin_s, grace=scale.stop_margin_s, on_line=_echo(ctx, pos_emb, pos_emb),
-                            env=ctx.env, cwd=REPO)
+        outcome = run_child(command, log_path=ctx.log(f"{pos_emb}-train"), stop=ctx.stop,
+                            deadline=ctx.stage_deadline, margin=scale.stop_margin_s, grace=scale.stop_margin_s,
+                            on_line=_echo(ctx, pos_emb, pos_emb), env=ctx.env, cwd=REPO)
         end = checkpoint_step(folder)
         status = "finished" if end >= settings.steps else "stopped" if outcome.ok or outcome.stopped else "failed"
         record.chunks.append(Chunk("train", outcome.seconds, start, end, impl, status))
@@ -195,7 +195,8 @@ def merge_parts(parts: Path, lengths: tuple[int, ...], iteration: int, num_token
             doc = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if doc.get("run", {}).get("iteration") == iteration and doc.get("protocol", {}).get("num_tokens") == num_tokens:
+        run, protocol = doc.get("run", {}), doc.get("protocol", {})
+        if run.get("iteration") == iteration and protocol.get("num_tokens") == num_tokens:
             docs.append(doc)
     if not docs:
         return None
@@ -204,11 +205,26 @@ def merge_parts(parts: Path, lengths: tuple[int, ...], iteration: int, num_token
     for doc in docs:
         for row in doc["results"]:
             rows.setdefault(int(row["length"]), row)
-        merged["protocol"]["attention_impl_per_length"].update(doc["protocol"].get("attention_impl_per_length", {}))
+        kernels = doc["protocol"].get("attention_impl_per_length", {})
+        merged["protocol"]["attention_impl_per_length"].update(kernels)
     merged["results"] = [rows[length] for length in sorted(rows)]
     merged["environment"]["seconds"] = sum(doc["environment"].get("seconds", 0.0) for doc in docs)
     merged["complete"] = set(lengths) <= set(rows)
     return merged
+
+
+def _evaluate_lengths(ctx: Context, corpus: Corpus, pos_emb: str, lengths: list[int], impl: str) -> Outcome:
+    """One ``evaluate.py`` child scoring ``lengths`` into the next numbered part file."""
+    settings, tokens = ctx.settings, int(ctx.state.eval_tokens or 0)
+    parts = settings.work / "results" / f"{pos_emb}.parts"
+    number = max((int(p.stem) for p in parts.glob("*.json") if p.stem.isdigit()), default=0) + 1
+    ctx.out(f"evaluating {pos_emb} at {', '.join(map(str, lengths))} ({tokens:,} tokens each, attention_impl {impl})")
+    command = [ctx.python, REPO / "evaluate.py", *config_arguments(settings, corpus, pos_emb, impl),
+               "--load", run_folder(settings, pos_emb) / "checkpoints", "--eval-lengths", ",".join(map(str, lengths)),
+               "--protocol", "nonoverlap", "--num-tokens", str(tokens), "--output", parts / f"{number}.json",
+               "--no-progress"]
+    return run_child(command, log_path=ctx.log(f"{pos_emb}-evaluate"), stop=ctx.stop, deadline=ctx.stage_deadline,
+                     grace=EVAL_GRACE_S, on_line=_echo(ctx, pos_emb), env=ctx.env, cwd=REPO)
 
 
 def evaluate(ctx: Context, corpus: Corpus, pos_emb: str) -> bool:
@@ -221,19 +237,12 @@ def evaluate(ctx: Context, corpus: Corpus, pos_emb: str) -> bool:
         if ctx.stop.requested or ctx.time_left() <= 0:
             return False
         done = {row["length"] for row in merged["results"]} if merged else set()
-        missing = [length for length in lengths if length not in done]
-        number = max((int(p.stem) for p in parts.glob("*.json") if p.stem.isdigit()), default=0) + 1
         impl = record.impl("evaluate", settings.attention_impl)
-        ctx.out(f"evaluating {pos_emb} at {', '.join(map(str, missing))} ({tokens:,} tokens each, attention_impl {impl})")
-        command = [ctx.python, REPO / "evaluate.py", *config_arguments(settings, corpus, pos_emb, impl),
-                   "--load", run_folder(settings, pos_emb) / "checkpoints", "--eval-lengths", ",".join(map(str, missing)),
-                   "--protocol", "nonoverlap", "--num-tokens", str(tokens), "--output", parts / f"{number}.json",
-                   "--no-progress"]
-        outcome = run_child(command, log_path=ctx.log(f"{pos_emb}-evaluate"), stop=ctx.stop, deadline=ctx.stage_deadline,
-                            grace=EVAL_GRACE_S, on_line=_echo(ctx, pos_emb), env=ctx.env, cwd=REPO)
+        outcome = _evaluate_lengths(ctx, corpus, pos_emb, [n for n in lengths if n not in done], impl)
         merged = merge_parts(parts, lengths, settings.steps, tokens)
         scored = {row["length"] for row in merged["results"]} - done if merged else set()
-        status = "finished" if merged and merged["complete"] else "stopped" if outcome.ok or outcome.stopped else "failed"
+        complete = merged is not None and merged["complete"]
+        status = "finished" if complete else "stopped" if outcome.ok or outcome.stopped else "failed"
         record.chunks.append(Chunk("evaluate", outcome.seconds, settings.steps, settings.steps, impl, status))
         ctx.state.save()
         if merged is not None:
@@ -249,5 +258,5 @@ def evaluate(ctx: Context, corpus: Corpus, pos_emb: str) -> bool:
             ctx.out(f"evaluating {pos_emb}: FlexAttention failed ({reason}); continuing with attention_impl sdpa")
     write_json_atomic(results_file(settings, pos_emb), merged)
     ctx.progress.evaluated.add(pos_emb)
-    ctx.progress.eval_seconds.append(sum(c.seconds for c in record.chunks if c.kind == "evaluate"))
+    ctx.progress.eval_seconds.append(record.seconds("evaluate"))
     return True
