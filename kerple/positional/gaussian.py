@@ -21,11 +21,26 @@ import torch
 
 from kerple.positional.base import PositionKind
 from kerple.positional.functional import distance_power
-from kerple.positional.kerple import MAX_EXPONENT, MIN_VALUE, LearnableKernel
+from kerple.positional.kerple import MAX_EXPONENT, MIN_VALUE, LearnableKernel, power_weight
 
 _COEFFICIENT = (1.0, MIN_VALUE, None)
 _POWER = (2.0, MIN_VALUE, MAX_EXPONENT)
 _AMPLITUDE = (2.0, MIN_VALUE, None)
+
+
+def squared_weight(params: dict[str, torch.Tensor], distance: torch.Tensor) -> torch.Tensor:
+    """1-para-wht: ``exp(-r1 * d^2)``, r1 = ``wei_a``."""
+    return torch.exp(-params["wei_a"] * distance.square())
+
+
+def squared_bias(params: dict[str, torch.Tensor], distance: torch.Tensor) -> torch.Tensor:
+    """2-para-bias: ``r1 * exp(-r2 * d^2)``, r1 = ``bias_scale``, r2 = ``bias_a``."""
+    return params["bias_scale"] * torch.exp(-params["bias_a"] * distance.square())
+
+
+def power_bias(params: dict[str, torch.Tensor], distance: torch.Tensor) -> torch.Tensor:
+    """3-para-bias: ``r1 * exp(-r2 * d^r3)``, r1 = ``bias_scale``, r2 = ``bias_a``, r3 = ``bias_p``."""
+    return params["bias_scale"] * torch.exp(-(params["bias_a"] * distance_power(distance, params["bias_p"])))
 
 
 class GaussWeight1(LearnableKernel):
@@ -33,12 +48,7 @@ class GaussWeight1(LearnableKernel):
 
     kind = PositionKind.WEIGHT
     parameter_specs = {"wei_a": _COEFFICIENT}
-
-    def distance_tables(
-        self, k_len: int, device: torch.device | None = None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        distance = self.distances(k_len, device)
-        return None, torch.exp(-self.effective("wei_a") * distance.square())
+    scale_formula = staticmethod(squared_weight)
 
 
 class GaussWeight2(LearnableKernel):
@@ -46,13 +56,7 @@ class GaussWeight2(LearnableKernel):
 
     kind = PositionKind.WEIGHT
     parameter_specs = {"wei_p": _POWER, "wei_a": _COEFFICIENT}
-
-    def distance_tables(
-        self, k_len: int, device: torch.device | None = None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        distance = self.distances(k_len, device)
-        decay = self.effective("wei_a") * distance_power(distance, self.effective("wei_p"))
-        return None, torch.exp(-decay)
+    scale_formula = staticmethod(power_weight)  # the same function as kerple_wht
 
 
 class GaussBias2(LearnableKernel):
@@ -60,12 +64,7 @@ class GaussBias2(LearnableKernel):
 
     kind = PositionKind.BIAS
     parameter_specs = {"bias_scale": _AMPLITUDE, "bias_a": _COEFFICIENT}
-
-    def distance_tables(
-        self, k_len: int, device: torch.device | None = None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        distance = self.distances(k_len, device)
-        return self.effective("bias_scale") * torch.exp(-self.effective("bias_a") * distance.square()), None
+    bias_formula = staticmethod(squared_bias)
 
 
 class GaussBias3(LearnableKernel):
@@ -76,10 +75,4 @@ class GaussBias3(LearnableKernel):
 
     kind = PositionKind.BIAS
     parameter_specs = {"bias_scale": _AMPLITUDE, "bias_p": _POWER, "bias_a": _COEFFICIENT}
-
-    def distance_tables(
-        self, k_len: int, device: torch.device | None = None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        distance = self.distances(k_len, device)
-        decay = self.effective("bias_a") * distance_power(distance, self.effective("bias_p"))
-        return self.effective("bias_scale") * torch.exp(-decay), None
+    bias_formula = staticmethod(power_bias)
