@@ -19,7 +19,7 @@ from kerple.atomic import write_text_atomic
 from kerple.evaluation.stats import build_tables, display_name, format_mean_std, load_run
 from kerple.reproduce.errors import ReproduceError
 from kerple.reproduce.plan import PAPER_STEPS, REPO, Corpus, Settings, run_folder
-from kerple.reproduce.stages import results_file
+from kerple.reproduce.stages import choose_eval_tokens, results_file
 from kerple.reproduce.state import State
 from kerple.training.monitor import format_duration
 
@@ -199,7 +199,7 @@ def setup_lines(settings: Settings, state: State, corpus: Corpus | None) -> list
                      "the machine): " + ", ".join(f"{name} {count:,}" for name, count in list(licenses.items())[:8])
                      + (f", {len(licenses) - 8} more" if len(licenses) > 8 else "") + ".")
     lines.append(f"- **Evaluation**: `evaluate.py --protocol nonoverlap` (KERPLE §5.2) on the validation split, "
-                 f"the same {state.eval_tokens or 0:,} tokens at every length.")
+                 f"the same {state.eval_tokens or choose_eval_tokens(settings, corpus):,} tokens at every length.")
     return lines
 
 
