@@ -33,7 +33,7 @@ from kerple.reproduce.state import State
 from kerple.reproduce.supervise import StopRequest
 
 PROG = "gpu_reproduce.py"
-EPOCHS_WORTH_IT = 4  # repeated data adds little past about four epochs (Muennighoff et al., 2023, §4)
+EPOCHS_WORTH_IT = 4  # repeated data adds little past about four epochs (Muennighoff et al., 2023)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -154,7 +154,7 @@ def finish(ctx: Context, corpus: Corpus | None, outputs: Outputs, failure: str |
         return 1
     done = [name for name in settings.pos_embs if _complete(settings, name)]
     if len(done) == len(settings.pos_embs):
-        ctx.out(f"done: {len(done)} runs trained and evaluated; the table is in {outputs.page}")
+        ctx.out(f"done: {', '.join(done)} trained and evaluated; the table is in {outputs.page}")
         return 0
     why = "on request" if ctx.stop.requested else "at the end of this chunk"
     ctx.out(ctx.progress.line())

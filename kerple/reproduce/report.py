@@ -250,11 +250,11 @@ def _fallbacks(settings: Settings, state: State) -> list[str]:
 
 def write_report(settings: Settings, state: State, corpus: Corpus | None, outputs: Outputs) -> list[Path]:
     """Write the plot (when any run has results), the docs page and the README section; return them."""
-    from kerple.evaluation.compare import plot_table  # matplotlib: only when a report is written
-
     ppl = load_ppl(settings)
     written, plot = [], None
     if ppl:
+        from kerple.evaluation.compare import plot_table  # matplotlib: only when there is something to plot
+
         runs = [load_run(results_file(settings, name)) for name in settings.pos_embs if name in ppl]
         table = build_tables(runs, reference=runs[0].variant)[0]
         plot = plot_table(table, outputs.plot)

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from kerple.data import preprocess
+from kerple.reproduce.cli import finish, run_stages
 from kerple.reproduce.errors import ReproduceError
 from kerple.reproduce.plan import TINY, Corpus, Settings
 from kerple.reproduce.progress import Progress
+from kerple.reproduce.report import Outputs
 from kerple.reproduce.stages import (Context, StageFailed, checkpoint_step, choose_eval_tokens, evaluate, flex_failure,
                                      merge_parts, results_file, train)
 from kerple.reproduce.state import State
@@ -146,3 +149,27 @@ def test_checkpoint_step_and_flex_failure_lines(tmp_path: Path) -> None:
     assert flex_failure(["step 1", "torch._dynamo.exc.BackendCompilerFailed: backend='inductor'", "exit"]) == (
         "torch._dynamo.exc.BackendCompilerFailed: backend='inductor'")
     assert flex_failure(["RuntimeError: CUDA out of memory"]) is None
+
+
+def test_every_run_is_trained_then_evaluated_in_order_and_reported(context: Context, tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(20):
+        body = "".join(f"    value_{j} = compute({i}, {j}) + offset_{j % 7}\n" for j in range(40))
+        (root / f"module_{i}.py").write_text(f"def function_{i}(argument):\n{body}    return argument\n")
+    settings = Settings(TINY, 20 * TINY.tokens_per_step, ("kerple_log", "rotary"), context.settings.work)
+    preprocess.run(["python", "--root", str(root), "-d", str(settings.work / "data"), "--train-tokenizer", "300",
+                    "--split", TINY.split, "--quiet"])
+    state = State(settings.work / "state.json", settings.fingerprint())
+    lines: list[str] = []
+    ctx = Context(settings, state, StopRequest(), Progress(settings.steps, settings.pos_embs), out=lines.append,
+                  python=context.python, env=context.env)
+    corpus, failure = run_stages(ctx)
+    assert failure is None and corpus is not None
+    assert state.eval_tokens == (corpus.tokens("valid") - 1) // 512 * 512 > 0  # whole windows of the longest length
+    order = [(name, chunk.kind) for name, record in state.runs.items() for chunk in record.chunks]
+    assert order == [("kerple_log", "train"), ("kerple_log", "evaluate"), ("rotary", "train"), ("rotary", "evaluate")]
+    outputs = Outputs(tmp_path / "page.md", tmp_path / "images" / "plot.png", None)
+    assert finish(ctx, corpus, outputs, None) == 0
+    assert "| Extrp. | KERPLE (log) | Rotary |" in outputs.page.read_text()
+    assert any(line.startswith("done: kerple_log, rotary trained and evaluated") for line in lines)
