@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -100,3 +101,7 @@ class AlibiBias(PositionalEmbedding):
         """``-slopes[:, None] * d`` float32 ``[H, k_len]``; no scale table."""
         distance = distance_vector(k_len, device)
         return -self.slopes.to(device=distance.device, dtype=torch.float32)[:, None] * distance, None
+
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        """``-a * d^p`` with ``a`` the slopes and ``p = 1``."""
+        return {"bias": {"form": "power", "a": {"tensor": "slopes"}}}

@@ -17,6 +17,8 @@ straight-through as in :mod:`kerple.positional.kerple`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from kerple.positional.base import PositionKind
@@ -40,6 +42,9 @@ class GaussWeight1(LearnableKernel):
         distance = self.distances(k_len, device)
         return None, torch.exp(-self.effective("wei_a") * distance.square())
 
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        return {"weight": {"form": "exp", "a": self.tensor_reference("wei_a"), "p": 2}}
+
 
 class GaussWeight2(LearnableKernel):
     """``gauss_wht2`` (A.3 2-para-wht): scale ``exp(-r1 * d^r2)``, r1 = ``wei_a``, r2 = ``wei_p``."""
@@ -54,6 +59,9 @@ class GaussWeight2(LearnableKernel):
         decay = self.effective("wei_a") * distance_power(distance, self.effective("wei_p"))
         return None, torch.exp(-decay)
 
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        return {"weight": {"form": "exp", "a": self.tensor_reference("wei_a"), "p": self.tensor_reference("wei_p")}}
+
 
 class GaussBias2(LearnableKernel):
     """``gauss_bias2`` (A.3 2-para-bias): bias ``r1 * exp(-r2 * d^2)``, r1 = ``bias_scale``, r2 = ``bias_a``."""
@@ -66,6 +74,10 @@ class GaussBias2(LearnableKernel):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         distance = self.distances(k_len, device)
         return self.effective("bias_scale") * torch.exp(-self.effective("bias_a") * distance.square()), None
+
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        amplitude = {"s": self.tensor_reference("bias_scale"), "a": self.tensor_reference("bias_a")}
+        return {"bias": {"form": "exp", **amplitude, "p": 2}}
 
 
 class GaussBias3(LearnableKernel):
@@ -83,3 +95,7 @@ class GaussBias3(LearnableKernel):
         distance = self.distances(k_len, device)
         decay = self.effective("bias_a") * distance_power(distance, self.effective("bias_p"))
         return self.effective("bias_scale") * torch.exp(-decay), None
+
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        names = {"s": "bias_scale", "a": "bias_a", "p": "bias_p"}
+        return {"bias": {"form": "exp", **{key: self.tensor_reference(name) for key, name in names.items()}}}

@@ -21,6 +21,8 @@ math is fp32 (the reference uses bf16 distances; docs/reference-format.md §2).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -56,6 +58,11 @@ class LearnableKernel(PositionalEmbedding):
         _, low, high = self.parameter_specs[name]
         param = getattr(self, name).float().reshape(self.num_heads, 1)
         return straight_through_clamp(param, low, high)
+
+    def tensor_reference(self, name: str) -> dict[str, Any]:
+        """Parameter ``name`` for :meth:`export_terms`: its key and its clamp bounds."""
+        _, low, high = self.parameter_specs[name]
+        return {"tensor": name, "min": low} if high is None else {"tensor": name, "min": low, "max": high}
 
     def distances(self, k_len: int, device: torch.device | None = None) -> torch.Tensor:
         """Float32 ``[1, k_len]`` distances ``0..k_len-1``, cached per (k_len, device)."""
@@ -96,6 +103,9 @@ class KerpleLog(LearnableKernel):
         r1, r2 = self.effective("bias_p"), self.effective("bias_a")
         return -r1 * torch.log1p(r2 * distance), None
 
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        return {"bias": {"form": "log", "a": self.tensor_reference("bias_p"), "b": self.tensor_reference("bias_a")}}
+
 
 class KerpleLog3(LearnableKernel):
     """``kerple_log3`` (paper §5.3, 3-para-log): bias ``-r1 * log(1 + r2 * d^r3)``.
@@ -119,6 +129,10 @@ class KerpleLog3(LearnableKernel):
         distance = self.distances(k_len, device)
         r1, r2, r3 = self.effective("bias_p"), self.effective("bias_a"), self.effective("bias_pow")
         return -r1 * torch.log1p(r2 * distance_power(distance, r3)), None
+
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        names = {"a": "bias_p", "b": "bias_a", "p": "bias_pow"}
+        return {"bias": {"form": "log", **{key: self.tensor_reference(name) for key, name in names.items()}}}
 
 
 class KerplePowerFamily(LearnableKernel):
@@ -144,6 +158,15 @@ class KerplePowerFamily(LearnableKernel):
         bias = None if bias_term is None else -bias_term
         scale = None if weight_term is None else torch.exp(-weight_term)
         return bias, scale
+
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        """The bias ``-a * d^p`` (form ``power``) and the weight ``exp(-a * d^p)`` (form ``exp``)."""
+        terms = {}
+        for place, prefix, form in (("bias", "bias", "power"), ("weight", "wei", "exp")):
+            present = [key for key in ("a", "p") if f"{prefix}_{key}" in self.parameter_specs]
+            if present:
+                terms[place] = {"form": form, "a": 1.0, **{key: self.tensor_reference(f"{prefix}_{key}") for key in present}}
+        return terms
 
 
 _POWER = (2.0, MIN_VALUE, MAX_EXPONENT)
@@ -218,3 +241,6 @@ class KerplePowerOriginal(PositionalEmbedding):
         distance = distance_vector(k_len, device)[None, :]
         slopes = self.bias_a.to(distance.device, torch.float32).reshape(self.num_heads, 1).clamp(min=MIN_VALUE)
         return -slopes * distance, None
+
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        return {"bias": {"form": "power", "a": {"tensor": "bias_a", "min": MIN_VALUE}}}
