@@ -35,8 +35,10 @@ from kerple.checkpoint.neox_layout import NeoxAdapter
 from kerple.checkpoint.reference import read_checkpoint
 from kerple.checkpoint.writer import write_checkpoint
 
-# Recorded fields carried into the config of a checkpoint converted without --config.
-_CONFIG_KEYS = (*MODEL_OPTIONS, "layernorm_epsilon", *positional_option_names(), "seq_length", "tokenizer_type")
+# Recorded fields carried into the config of a checkpoint converted without --config (the tokenizer
+# files too, so that a Hugging Face export takes them along where they still exist).
+_CONFIG_KEYS = (*MODEL_OPTIONS, "layernorm_epsilon", *positional_option_names(), "seq_length", "tokenizer_type",
+                "vocab_file", "merge_file", "tokenizer_file")
 
 
 def config_from_checkpoint(ckpt: Any) -> dict[str, Any]:

@@ -66,22 +66,12 @@ def _flat(cfg) -> dict:
     return flat
 
 
-@pytest.fixture
-def one_thread():
-    """These tensors are tiny: on a shared 2-core machine, torch's thread hand-offs cost more than
-    they save (10x here), so the test runs single-threaded and restores the setting after."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _run_without_kerple(work: Path) -> subprocess.CompletedProcess:
     """``hf_without_kerple.py`` in a fresh ``python -I`` from ``work``, with its own Hugging Face home."""
     shutil.copyfile(Path(__file__).with_name("hf_without_kerple.py"), work / "hf_without_kerple.py")
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "HF_"))}
     env.update(HF_HOME=str(work / "hf_home"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    env["OMP_NUM_THREADS"] = "1"  # see one_thread
+    env["OMP_NUM_THREADS"] = "1"  # tiny tensors: see the one_thread fixture (tests/conftest.py)
     command = [sys.executable, "-I", "hf_without_kerple.py", str(work), str(REPO)]
     return subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=300)
 
