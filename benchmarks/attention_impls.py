@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from kerple import positional
 from kerple.model import GPTModel, unsupported_reason
+from kerple.runs import parse_lengths, resolve_device
 
 
 def _model(name: str, impl: str, device: torch.device) -> GPTModel:
@@ -72,10 +73,10 @@ def main() -> None:
     parser.add_argument("--pos-emb", default="kerple_log")
     parser.add_argument("--impls", default="eager,sdpa,flex")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     args = parser.parse_args()
-    device = torch.device(args.device)
-    lengths = [int(length) for length in args.lengths.split(",")]
+    device = resolve_device(args.device)
+    lengths = parse_lengths(args.lengths, "--lengths")
     print(f"device={device} torch={torch.__version__} threads={torch.get_num_threads()} pos_emb={args.pos_emb}")
     print("model: 2 layers, h=128, 4 heads, vocab 512, batch 1, fp32")
     print(f"| impl | mode | " + " | ".join(f"{length} tok (s)" for length in lengths) + " |")

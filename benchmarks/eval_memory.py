@@ -45,6 +45,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kerple.runs import parse_lengths, resolve_device
+
 IMPLS = ("eager", "sdpa", "flex")
 LENGTHS = (512, 2048, 8192, 16384, 32768, 65536)
 FIT_EXTRA_LENGTHS = (4096, 12288)  # more points inside the fit range on CPU
@@ -132,9 +134,8 @@ def _warm_up(model, impl: str, length: int, device: torch.device, vocab: int) ->
         fused = torch.randn(1, length, heads, 3 * head_dim, device=device, dtype=dtype).transpose(1, 2)
         query, key, value = fused.split(head_dim, dim=-1)  # each [1, H, L, d]
         with torch.no_grad():
-            bias, scale = model.positional.distance_tables(length, device=device)
-            model._flex(query, key, value, None if bias is None else bias.float(),
-                        None if scale is None else scale.float(), model.attention_window)
+            context = model.attention_context(length, device)  # the term the layers will hand flex
+            model._flex(query, key, value, context.flex_term(dtype), context.window)
         del fused, query, key, value
     tokens = torch.randint(0, vocab, (1, min(length, 256) + 1), device=device)
     with torch.no_grad(), _autocast(device):
@@ -307,20 +308,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--impls", default=",".join(IMPLS))
     parser.add_argument("--lengths", help=f"default {','.join(map(str, LENGTHS))} (on CPU plus {FIT_EXTRA_LENGTHS})")
     parser.add_argument("--fit-range", default="2048,16384", help="low,high lengths of the growth fit")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     parser.add_argument("--chunk-size", type=int, default=1024, help="positions per LM-head/loss chunk")
     parser.add_argument("--budget-gib", type=float, help="skip runs estimated above this (default: see above)")
     parser.add_argument("--max-seconds", type=float, default=120.0, help="skip runs projected to take longer")
     parser.add_argument("--worker-impl", help=argparse.SUPPRESS)
     parser.add_argument("--worker-length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.device = str(resolve_device(args.device))
     if args.worker_impl:
         print(json.dumps(worker(args)))
         return
     load = os.getloadavg()
     cfg = load_model_config(args.config, args.pos_emb)
     if args.lengths:
-        lengths = sorted({int(x) for x in args.lengths.split(",")})
+        lengths = parse_lengths(args.lengths, "--lengths")
     else:
         extra = FIT_EXTRA_LENGTHS if torch.device(args.device).type == "cpu" else ()
         lengths = sorted({*LENGTHS, *extra})

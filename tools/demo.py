@@ -188,10 +188,9 @@ class Runner:
 
 def figures(args: argparse.Namespace, data: DemoData, names: list[str]) -> list[Path]:
     """Position-wise perplexity at 16x, learned kernels and effective lengths (§5.4, §5.5, A.5)."""
-    from kerple.config import load_config, parse_overrides, split_arguments
     from kerple.evaluation import plots
-    from kerple.evaluation.cli import load_trained_model
     from kerple.evaluation.stats import display_name
+    from kerple.runs import load_run, run_config
 
     results = ROOT / args.results
     longest = args.train_length * FACTORS[-1]
@@ -206,10 +205,9 @@ def figures(args: argparse.Namespace, data: DemoData, names: list[str]) -> list[
                                         title=f"Position-wise perplexity at length {longest} (stdlib)")]
     effective = {}
     for name in [n for n in KERNEL_EMBS if n in names]:
-        arguments = config_args(name, args, data)
-        yamls, overrides = split_arguments(arguments)
-        cfg = load_config([str(ROOT / y) for y in yamls], parse_overrides(overrides))
-        model, _, iteration = load_trained_model(cfg, str(ROOT / args.runs / name))
+        arguments = [str(ROOT / word) if word.endswith(".yml") else word for word in config_args(name, args, data)]
+        run = load_run(run_config(arguments, quiet=True).cfg, str(ROOT / args.runs / name), quiet=True)
+        model, iteration = run.model, run.iteration
         table = plots.bias_table(model.positional)
         written.append(plots.plot_kernels(table, results / f"kernels_{name}.png",
                                           title=f"{display_name(name)} kernels after {iteration} steps"))

@@ -2,16 +2,21 @@
 
     python tools/regular_languages.py --task parity_check even_pairs --arch regulargpt transformer \
         --chunk-size 2 --seeds 3 --steps 2000 --output results/regular.json
+    python tools/regular_languages.py --table61 --output results/table61.json [--resume]
 
 Trains on lengths up to 40 (Deletang et al.'s tasks; 50 for D_n and Tomita) and tests on every
 length 41-500 (51-100), or on ``--test-lengths`` (e.g. ``41:501:10``). Writes the JSON
-(``results``: one record per task, model and seed; ``summary``: Max/Avg over seeds), the summary
-table as ``<output>.md`` and the accuracy-vs-length plot as ``<output>.png``, and prints the table.
+(``results``: one record per task, model and seed; ``summary``: Max/Avg over seeds beside the
+thesis' numbers), the summary table as ``<output>.md`` and the accuracy-vs-length plot as
+``<output>.png``, and prints the table. ``--table61`` runs the table's 12 tasks for RegularGPT
+(C = 2) and the transformer baseline (see ``TABLE61`` for its budget); ``--resume`` keeps the
+runs an earlier call already wrote to ``--output`` and runs only the missing ones.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -20,8 +25,14 @@ import torch
 
 from kerple import atomic
 from kerple.errors import KerpleError, entry_point
+from kerple.model.regular import PADDINGS
 from kerple.regular_languages.bench import ARCHS, RunSettings, plot_accuracy, run, summary_rows, summary_table
 from kerple.regular_languages.tasks import TASKS, Task, get_task
+
+# --table61: every task of Table 6.1, RegularGPT C = 2 against the transformer, 3 seeds, a CPU budget
+# (each run stops once its training loss is below --stop-loss, or after --steps).
+TABLE61 = {"task": list(TASKS), "arch": ["regulargpt", "transformer"], "seeds": 3, "steps": 8000,
+           "stop_loss": 0.01, "eval_samples": 32}
 
 
 def parse_lengths(text: str | None, task: Task) -> list[int]:
@@ -38,7 +49,16 @@ def parse_lengths(text: str | None, task: Task) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", nargs="+", required=True, choices=list(TASKS))
+    parser.add_argument("--task", nargs="+", choices=list(TASKS))
+    parser.add_argument("--table61", action="store_true",
+                        help="every task of Table 6.1, regulargpt and transformer, 3 seeds, the CPU budget of TABLE61 "
+                             "(flags given explicitly still win)")
+    parser.add_argument("--padding", choices=PADDINGS, default="pad",
+                        help="RegularGPT's padding (thesis §6.2.1): pad (visible PAD state) or none (keys before "
+                             "position 0 left out, the earlier reading)")
+    parser.add_argument("--stop-loss", type=float, default=RunSettings.stop_loss,
+                        help="stop training once the mean loss of the last 100 steps is below this (0: never)")
+    parser.add_argument("--resume", action="store_true", help="keep the runs --output already holds; run the rest")
     parser.add_argument("--arch", nargs="+", default=["regulargpt"], choices=list(ARCHS))
     parser.add_argument("--chunk-size", type=int, default=2, help="RegularGPT's C (Eq. 6.1)")
     parser.add_argument("--thickness", type=int, default=1, help="RegularGPT's K (shared blocks)")
@@ -59,30 +79,58 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    """The flags, with ``--table61``'s values for every flag not given explicitly."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.table61:
+        for key, value in TABLE61.items():
+            if getattr(args, key) == parser.get_default(key):  # a flag left at its default
+                setattr(args, key, value)
+    if not args.task:
+        raise KerpleError("name the tasks with --task (or run the whole table with --table61)")
+    return args
+
+
+def earlier_results(output: Path, resume: bool) -> list[dict]:
+    """The records ``output`` already holds when resuming (none otherwise, or when it does not exist)."""
+    if not resume or not output.is_file():
+        return []
+    try:
+        return list(json.loads(output.read_text())["results"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise KerpleError(f"--resume: {output} is not a results file of this tool ({error}); move it away") from None
+
+
 @entry_point("regular_languages.py")
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = RunSettings(
         hidden_size=args.hidden_size, transformer_layers=args.layers, chunk_size=args.chunk_size,
-        thickness=args.thickness, pos_emb=args.pos_emb, steps=args.steps, batch_size=args.batch_size,
-        learning_rate=args.lr, eval_samples=args.eval_samples, probability=args.probability,
+        thickness=args.thickness, padding=args.padding, pos_emb=args.pos_emb, steps=args.steps,
+        batch_size=args.batch_size, learning_rate=args.lr, eval_samples=args.eval_samples,
+        probability=args.probability, stop_loss=args.stop_loss,
     )
     output = Path(args.output)
-    results: list[dict] = []
+    results = earlier_results(output, args.resume)
+    done = {(r["task"], r["arch"], r["seed"]) for r in results}
     started = time.perf_counter()
     for name in args.task:
         task = get_task(name)
         lengths = parse_lengths(args.test_lengths, task)
         for arch in args.arch:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
+                if (name, arch, seed) in done:
+                    continue
                 record = run(task, arch, seed, settings, lengths, progress=args.progress)
                 results.append(record)
                 print(
                     f"{name} {arch} seed {seed}: mean accuracy {100 * record['mean_accuracy']:.1f}% on lengths "
                     f"{lengths[0]}-{lengths[-1]}, {100 * record['train_length_accuracy']:.1f}% at length "
-                    f"{task.train_max_length} ({record['train_seconds']:.0f}s train, {record['test_seconds']:.0f}s test)",
+                    f"{task.train_max_length} ({record['steps']} steps, {record['train_seconds']:.0f}s train, "
+                    f"{record['test_seconds']:.0f}s test)",
                     file=sys.stderr, flush=True,
                 )
                 _write(output, results, time.perf_counter() - started)

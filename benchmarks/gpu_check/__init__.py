@@ -5,11 +5,13 @@ does not stop the next ones; ``tools/gpu_check.py --steps 3,4`` runs a subset an
 the existing report):
 
 1. ``step_peak``: measured bf16 matmul peak (TFLOP/s), the denominator of MFU;
-2. ``step_gpu_tests``: ``pytest -m gpu`` and its summary;
+2. ``step_gpu_tests``: ``pytest -m gpu`` on pytest-xdist workers: its summary, each failure's
+   assertion text, the output tail on a non-zero exit, what a stopped run left out;
 3. ``step_correctness``: FlexAttention against eager at the 162M shape: logits, input-embedding
-   gradients and positional-parameter gradients, fp32 and bf16;
+   gradients and positional-parameter gradients, bf16 then fp32, with the kernel options per case;
 4. ``step_throughput``: 162M training throughput per embedding x attention implementation, with
-   and without ``compile``: tokens/s, step time, MFU, peak memory, ratio to ``none``;
+   and without ``compile``: tokens/s, step time, MFU, peak memory, ratio to ``none``, and the
+   throughput targets;
 5. ``step_training``: a 300-step bf16 ``kerple_log`` run on the embedded data; loss falls, and a
    run resumed from its step-150 checkpoint repeats the uninterrupted run's losses;
 6. ``step_fp16``: fp16 with dynamic loss scaling skips and counts an overflowing step;

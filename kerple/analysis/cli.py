@@ -22,12 +22,13 @@ from kerple.analysis import (
     align_temperature, attention_stats, nope_variance, position_probe, receptive_field, retrieval,
 )
 from kerple.analysis.common import (
-    add_model_arguments, check_lengths, config_of, checkpoint_folder, device_of, load_model, parse_lengths,
-    png_beside, sample_windows, save_figure, temperature_at, write_json,
+    add_model_arguments, check_lengths, config_of, device_of, load_model, parse_lengths, png_beside,
+    sample_windows, save_figure, temperature_at, write_json,
 )
 from kerple.analysis.errors import AnalysisError
 from kerple.config import split_arguments
 from kerple.errors import entry_point
+from kerple.runs import checkpoint_folder
 
 
 def single_load(args: argparse.Namespace) -> str | None:
@@ -43,25 +44,18 @@ def outputs(args: argparse.Namespace, doc: dict[str, Any], figure: Any) -> None:
     print(f"wrote {args.output} and {plot}")
 
 
-def gradient_kernel(model: torch.nn.Module, device: torch.device) -> str:
-    """An attention kernel with a backward for this embedding here: sdpa (no ``L×L`` scores kept
-    on CPU), else eager (a multiplicative logit scale)."""
-    from kerple.model.attention import unsupported_reason
-
-    return "sdpa" if unsupported_reason("sdpa", model.positional.kind, device.type, True) is None else "eager"
-
-
 def run_receptive_field(args: argparse.Namespace) -> None:
-    cfg = config_of(args)
+    own_configs = not split_arguments(args.configs)[0]  # no YAML: every run is read with its own config
+    cfg = config_of(args, quiet=own_configs)  # each run's own config is announced when it loads
     check_lengths(cfg, [args.length])
     for load in args.load or [None]:
         checkpoint_folder(cfg, load)  # every folder exists before any work
     windows = sample_windows(cfg, args.length + 1, args.num_sequences, args.seed)
     runs = {}
-    own_configs = not split_arguments(args.configs)[0]  # no YAML: every run is read with its own config
     for index, load in enumerate(args.load or [None]):
         model, folder, iteration = load_model(config_of(args, load) if own_configs and load else cfg, load, args)
-        model.set_attention(gradient_kernel(model, device_of(args)))
+        # gradients of the input: a kernel with a backward on this device, as training would pick
+        model.set_attention(model.gradient_attention_impl(device_of(args).type, args.length + 1))
         label = args.labels.split(",")[index] if args.labels else folder
         runs[label] = {"load": folder, "iteration": iteration,
                        **receptive_field.receptive_field(model, windows, not args.no_progress)}

@@ -1,10 +1,9 @@
-"""What every ``analyze.py`` subcommand shares: config and checkpoint loading with
-``evaluate.py``'s conventions, lengths, temperatures, held-out token windows, atomic outputs."""
+"""What every ``analyze.py`` subcommand shares: the run loading of :mod:`kerple.runs` (as
+``evaluate.py``), lengths, temperatures, held-out token windows, atomic outputs."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +12,10 @@ import torch
 
 from kerple.analysis.errors import AnalysisError
 from kerple.atomic import write_json_atomic
-from kerple.config import load_config, parse_overrides, split_arguments
-from kerple.config.neox_keys import normalize_key
 from kerple.evaluation.errors import EvaluationError
+from kerple.evaluation.temperature import temperature_for
+from kerple.runs import load_run, resolve_device, run_config
+from kerple.runs import parse_lengths as parse_run_lengths
 
 ANALYSIS_FORMAT = "kerple-analysis-1"
 
@@ -36,65 +36,28 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, load_required: bool 
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def analysis_config(words: list[str], **overrides: Any) -> Any:
-    """The config of ``<ymls> key=value ...`` for analysis only (``train_iters: 0``, as evaluate.py)."""
-    yamls, override_words = split_arguments(words)
-    merged = {k: v for k, v in parse_overrides(override_words).items() if normalize_key(k) != "train_iters"}
-    merged.update({"train_iters": 0, **{k: v for k, v in overrides.items() if v is not None}})
-    return load_config(yamls, merged)
-
-
-def config_of(args: argparse.Namespace, load: str | None = None, **overrides: Any) -> Any:
-    """The analysis config of a subcommand's ``<ymls> key=value ... --load DIR``; with no YAML file,
-    the run's own config from the ``configs/`` of checkpoint ``load`` (default: the first
-    ``--load``), as ``evaluate.py`` does."""
-    from kerple.checkpoint.files import checkpoint_config_files
-
-    yamls, _ = split_arguments(args.configs)
-    words = list(args.configs)
-    if not yamls:
-        load = load or (args.load or [None])[0]
-        if load is None:
-            raise AnalysisError("no config: name the run's YAML files, or pass --load DIR of a checkpoint with configs/")
-        if not Path(load).is_dir():
-            raise AnalysisError(f"no checkpoint: --load {load} is not a folder; pass --load DIR holding a trained run")
-        files = checkpoint_config_files(load, args.iteration)
-        print(f"config: {', '.join(files)} (from the checkpoint)", file=sys.stderr)
-        words = [*files, *words]
-    return analysis_config(words, **overrides)
-
-
-def checkpoint_folder(cfg: Any, load: str | None) -> str:
-    """``load``, else the config's ``load``/``save``; refuses (``AnalysisError``) when it is not a folder."""
-    folder = load or cfg.checkpointing.load or cfg.checkpointing.save
-    if not folder or not Path(folder).is_dir():
-        raise AnalysisError(f"no checkpoint: {'--load ' + str(folder) if folder else '--load'} is not a folder; "
-                            "pass --load DIR holding a trained run (its 'latest' file and global_stepN/)")
-    return str(folder)
+def config_of(args: argparse.Namespace, load: str | None = None, *, quiet: bool = False, **overrides: Any) -> Any:
+    """The analysis config of a subcommand's ``<ymls> key=value ... --load DIR``
+    (:func:`kerple.runs.run_config`); with no YAML file, the run's own config from the ``configs/``
+    of checkpoint ``load`` (default: the first ``--load``)."""
+    load = load or (args.load or [None])[0]
+    return run_config(args.configs, load, args.iteration, overrides=overrides, quiet=quiet).cfg
 
 
 def load_model(cfg: Any, load: str | None, args: argparse.Namespace) -> tuple[torch.nn.Module, str, int]:
-    """The trained model of ``cfg`` from ``load`` in eval mode on ``args.device``; refuses a missing checkpoint."""
-    from kerple.evaluation.cli import load_trained_model
-
-    model, folder, iteration = load_trained_model(cfg, checkpoint_folder(cfg, load), args.iteration,
-                                                  trust=args.trust_checkpoint)
-    return model.to(device_of(args)).eval(), folder, iteration
+    """The trained model of ``cfg`` from ``load`` in eval mode on ``args.device`` (:func:`kerple.runs.load_run`)."""
+    run = load_run(cfg, load, args.iteration, trust=args.trust_checkpoint, device=device_of(args))
+    return run.model, run.folder, run.iteration
 
 
 def device_of(args: argparse.Namespace) -> torch.device:
-    return torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    """``--device``, checked (:func:`kerple.runs.resolve_device`)."""
+    return resolve_device(args.device)
 
 
 def parse_lengths(text: str, option: str = "--lengths") -> list[int]:
-    """Comma-separated positive lengths, sorted and unique."""
-    try:
-        lengths = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        raise AnalysisError(f"{option} {text!r}: expected comma-separated integers, e.g. 64,512") from None
-    if not lengths or lengths[0] < 2:
-        raise AnalysisError(f"{option} {text!r}: expected lengths of at least 2 tokens")
-    return lengths
+    """Comma-separated lengths of at least 2 tokens (one to predict from), sorted and unique."""
+    return parse_run_lengths(text, option, minimum=2)
 
 
 def check_lengths(cfg: Any, lengths: list[int]) -> None:
@@ -105,14 +68,7 @@ def check_lengths(cfg: Any, lengths: list[int]) -> None:
 def temperature_at(text: str | None, length: int, train_length: int, option: str = "--temperature") -> float:
     """The softmax temperature τ of ``option`` at ``length``: a number in (0, 1] (1 = the trained
     model, thesis §5.4) or ``log`` = ``log_L(L_tr)`` beyond the train length (thesis §5.5)."""
-    if text is None:
-        return 1.0
-    from kerple.evaluation.cli import temperature_for
-
-    try:
-        return temperature_for(str(text), length, train_length)
-    except EvaluationError as error:
-        raise AnalysisError(str(error).replace("--softmax-temperature", option)) from None
+    return 1.0 if text is None else temperature_for(str(text), length, train_length, option)
 
 
 def sample_windows(cfg: Any, length: int, count: int, seed: int, split: str = "valid") -> torch.Tensor:

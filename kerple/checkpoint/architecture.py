@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from kerple.checkpoint.errors import ArchitectureMismatchError
+from kerple.model import families
 
 # The reference's ``args`` fields (docs/reference-format.md §6).
 REFERENCE_ARGS: tuple[str, ...] = (
@@ -45,10 +46,15 @@ _RECORDED_ARGS: tuple[tuple[str, str], ...] = (
     ("no_weight_tying", "model"),
     ("seq_length", "model"),
 )
-# Recorded only for RegularGPT (``model.arch: regulargpt``, thesis §6.2), so GPT records stay as they were.
-_REGULAR_ARGS: tuple[str, ...] = ("arch", "regular_chunk_size", "regular_thickness")
-# Model fields that change what the weights mean without changing their shapes.
-MODEL_OPTIONS: tuple[str, ...] = ("gpt_j_residual", "norm", "activation", *_REGULAR_ARGS)
+# Model fields that change what the weights mean without changing their shapes: these, and every
+# model family's recorded arguments (kerple.model.family.ModelFamily.recorded_args).
+_SHAPE_FREE_ARGS: tuple[str, ...] = ("gpt_j_residual", "norm", "activation")
+
+
+def model_options() -> tuple[str, ...]:
+    """The ``model`` fields a checkpoint's architecture check compares beyond the shapes."""
+    recorded = [name for name in families.names() for name in families.family(name).recorded_args]
+    return tuple(dict.fromkeys((*_SHAPE_FREE_ARGS, *recorded)))
 
 
 def positional_option_names() -> tuple[str, ...]:
@@ -73,16 +79,20 @@ def _plain(value: Any) -> Any:
 def architecture_args(cfg: Any) -> dict[str, Any]:
     """The ``args`` record of ``mp_rank_MM_model_states.pt`` for the config ``cfg``."""
     args = {name: _plain(getattr(getattr(cfg, section), name)) for name, section in _RECORDED_ARGS}
-    if cfg.model.arch == "regulargpt":
-        args.update({name: _plain(getattr(cfg.model, name)) for name in _REGULAR_ARGS})
+    args.update({name: _plain(getattr(cfg.model, name)) for name in families.family_of(cfg).recorded_args})
     args["positional_options"] = {name: _plain(getattr(cfg.positional, name)) for name in positional_option_names()}
     return args
 
 
 def state_architecture(state: dict[str, torch.Tensor], recorded: dict[str, Any], pos_emb: str | None) -> dict[str, Any]:
     """Architecture fields of the weights ``state`` (the model's names): shapes from the tensors, the
-    options from ``recorded`` (flat keys; ``positional_options`` is unpacked), ``pos_emb`` as given."""
+    options from ``recorded`` (flat keys; ``positional_options`` is unpacked), ``pos_emb`` as given.
+    A recorded ``arch`` (model family) is compared, and an argument its family records only since
+    a later version takes the value it had before (``legacy_args``); with none recorded (GPT-NeoX,
+    Hugging Face, tests' minimal records) the family is left to the tensors' names and shapes."""
     recorded = {**recorded, **(recorded.get("positional_options") or {})}
+    if recorded.get("arch") is not None:
+        recorded = {**_recorded_family(recorded).legacy_args, **{k: v for k, v in recorded.items() if v is not None}}
     arch: dict[str, Any] = {"num_layers": len({name.split(".")[1] for name in state if name.startswith("layers.")})}
     embedding = state.get("embedding.word_embeddings.weight")
     if embedding is not None:
@@ -95,10 +105,19 @@ def state_architecture(state: dict[str, torch.Tensor], recorded: dict[str, Any],
         arch["max_position_embeddings"] = int(table.shape[0])
     if pos_emb is not None:
         arch["pos_emb"] = pos_emb
-    for name in MODEL_OPTIONS + positional_option_names():
+    for name in model_options() + positional_option_names():
         if recorded.get(name) is not None:
             arch[name] = recorded[name]
     return arch
+
+
+def _recorded_family(recorded: dict[str, Any]) -> Any:
+    """The :class:`~kerple.model.family.ModelFamily` a checkpoint's record names."""
+    name = str(recorded.get("arch") or "gpt")
+    try:
+        return families.family(name)
+    except KeyError as error:
+        raise ArchitectureMismatchError(f"the checkpoint records {error.args[0]}", ["arch"]) from None
 
 
 def checkpoint_architecture(ckpt: Any) -> dict[str, Any]:
@@ -108,9 +127,10 @@ def checkpoint_architecture(ckpt: Any) -> dict[str, Any]:
 
 def _wanted(cfg: Any) -> dict[str, Any]:
     model = cfg.model
+    family = families.family_of(cfg)
     wanted: dict[str, Any] = {
-        # RegularGPT (thesis §6.2.2) stores its regular_thickness shared blocks as its layers
-        "num_layers": model.regular_thickness if model.arch == "regulargpt" else model.num_layers,
+        "arch": family.name,
+        "num_layers": getattr(model, family.layer_count_key),  # the layer modules the weights hold
         "hidden_size": model.hidden_size,
         "num_attention_heads": model.num_attention_heads,
         "padded_vocab_size": model.padded_vocab_size,
@@ -118,7 +138,7 @@ def _wanted(cfg: Any) -> dict[str, Any]:
         "pos_emb": cfg.positional.pos_emb,
         "max_position_embeddings": model.max_position_embeddings or model.seq_length,
     }
-    wanted.update({name: getattr(model, name) for name in MODEL_OPTIONS})
+    wanted.update({name: getattr(model, name) for name in model_options()})
     wanted.update({name: getattr(cfg.positional, name) for name in positional_option_names()})
     return wanted
 
@@ -151,6 +171,8 @@ def check_architecture(arch: dict[str, Any], cfg: Any, source: str | Path, *, mo
             )
         elif name == "no_weight_tying":
             hint = " (the checkpoint " + ("has an untied head final_linear)" if value else "ties the head to word_embeddings)")
+        elif families.family_of(cfg).legacy_args.get(name) == value:
+            hint = f" (written before {name} was recorded: set {name}: {value} to load it)"
         problems.append(f"{name}: checkpoint {value!r} vs config {want!r}{hint}")
     if problems:
         raise ArchitectureMismatchError(

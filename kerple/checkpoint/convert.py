@@ -18,14 +18,13 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
 import yaml
 
 from kerple.checkpoint.architecture import (
-    MODEL_OPTIONS,
     architecture_args,
     check_architecture,
     checkpoint_architecture,
+    model_options,
     positional_option_names,
 )
 from kerple.checkpoint.errors import CheckpointError
@@ -34,10 +33,11 @@ from kerple.checkpoint.huggingface import describe_export, export_huggingface, i
 from kerple.checkpoint.neox_layout import NeoxAdapter
 from kerple.checkpoint.reference import read_checkpoint
 from kerple.checkpoint.writer import write_checkpoint
+from kerple.model import families
 
 # Recorded fields carried into the config of a checkpoint converted without --config (the tokenizer
 # files too, so that a Hugging Face export takes them along where they still exist).
-_CONFIG_KEYS = (*MODEL_OPTIONS, "layernorm_epsilon", *positional_option_names(), "seq_length", "tokenizer_type",
+_CONFIG_KEYS = (*model_options(), "layernorm_epsilon", *positional_option_names(), "seq_length", "tokenizer_type",
                 "vocab_file", "merge_file", "tokenizer_file")
 
 
@@ -50,7 +50,7 @@ def config_from_checkpoint(ckpt: Any) -> dict[str, Any]:
         missing = "num_attention_heads" if heads is None else "pos_emb"
         raise CheckpointError(f"{ckpt.path}: {missing} is not recorded in args or configs/; pass --config")
     values: dict[str, Any] = {
-        "num_layers": arch["num_layers"],
+        families.family(str(recorded.get("arch") or "gpt")).layer_count_key: arch["num_layers"],
         "hidden_size": arch["hidden_size"],
         "num_attention_heads": heads,
         "vocab_size": arch["padded_vocab_size"],
@@ -66,6 +66,16 @@ def config_from_checkpoint(ckpt: Any) -> dict[str, Any]:
     elif recorded.get("max_position_embeddings"):
         values["max_position_embeddings"] = recorded["max_position_embeddings"]
     return values
+
+
+def check_exportable(family: Any, target: str, source: Path) -> None:
+    """Refuse (``CheckpointError``) a conversion ``--to target`` the model family cannot take."""
+    if (target == "neox" and not family.neox_export) or (target == "hf" and family.hf_export is None):
+        layout = "GPT-NeoX" if target == "neox" else "Hugging Face"
+        raise CheckpointError(
+            f"{source}: a model.arch {family.name} checkpoint ({family.summary}) has no {layout} equivalent; "
+            "convert it only with --to kerple"
+        )
 
 
 def _reference_pos_emb(name: str) -> str:
@@ -127,11 +137,7 @@ def convert(args: argparse.Namespace) -> Path:
             check_architecture(checkpoint_architecture(ckpt), cfg, ckpt.path, model_parallel_size=ckpt.model_parallel_size)
     else:
         cfg = load_config([], source_config)
-    if cfg.model.arch == "regulargpt" and args.to != "kerple":
-        raise CheckpointError(
-            f"{source}: a RegularGPT checkpoint (model.arch regulargpt) has no GPT-NeoX or Hugging Face "
-            "equivalent (Sliding-Dilated-Attention, shared blocks); convert it only with --to kerple"
-        )
+    check_exportable(families.family_of(cfg), args.to, source)
     flat = cfg.to_dict()
     flat["padded_vocab_size"] = cfg.model.padded_vocab_size
     out = Path(args.output)
@@ -168,9 +174,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     written = convert(build_parser().parse_args(argv))
     print(f"wrote {written}")
     return 0
-
-
-def state_dicts_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
-    """Keys whose tensors differ (missing keys included); empty when ``a`` and ``b`` are identical."""
-    names = sorted(set(a) | set(b))
-    return [n for n in names if n not in a or n not in b or a[n].dtype != b[n].dtype or not torch.equal(a[n], b[n])]

@@ -12,6 +12,7 @@ model (``GPTModel.state_dict()``)        checkpoint (``sequential.<N>.<key>``)
 ``positional.<k>`` (input embedding)     ``sequential.0.<k>`` (``position_embeddings.weight``)
 ``layers.<i>.<key>``                     ``sequential.<i+2>.<key>``
 ``positional.<k>`` (any other kind)      ``sequential.<i+2>.attention.<module>.<k>`` in every layer
+``pad_embedding`` (RegularGPT's PAD)      ``sequential.0.pad_embedding``
 ``final_norm.<p>``                       ``sequential.<L+3>.norm.<p>``
 ``lm_head.weight`` (untied head)         ``sequential.<L+4>.final_linear.weight``
 =======================================  ==================================================
@@ -41,6 +42,7 @@ T = TypeVar("T")
 FIRST_LAYER = 2  # pipeline index of transformer layer 0 (index 1 is parameter-free)
 QKV_KEY = "attention.query_key_value.weight"
 WORD_EMBEDDINGS = "word_embeddings.weight"
+PAD_EMBEDDING = "pad_embedding"  # RegularGPT's PAD token state (thesis §6.2.1), beside the word embeddings
 POSITIONAL = "positional."
 _KEY = re.compile(r"^sequential\.(\d+)\.(.+)$")
 # a layer's own attention tensors; ``relative_scalars`` are RegularGPT's per-block r of thesis Eq. 6.1
@@ -137,8 +139,10 @@ class NeoxAdapter:
     # --- construction -----------------------------------------------------------------------
     @classmethod
     def for_model(cls, model: nn.Module) -> NeoxAdapter:
-        """The adapter of a :class:`~kerple.model.GPTModel` (or of a pipeline stage of one)."""
+        """The adapter of a :class:`~kerple.model.Decoder` (or of a pipeline stage of one)."""
         positional = model.positional
+        if positional is None:  # a family without a shared positional module
+            return cls(model.num_layers)
         return cls(model.num_layers, positional.kind == PositionKind.INPUT, positional.state_dict_name or "positional")
 
     @classmethod
@@ -153,7 +157,7 @@ class NeoxAdapter:
         at_input, module = False, "positional"
         for name in state:
             index, key = split_key(name)
-            if index == 0 and key != WORD_EMBEDDINGS:
+            if index == 0 and key not in (WORD_EMBEDDINGS, PAD_EMBEDDING):
                 at_input = True
             elif index > 0 and is_positional(key):
                 module = key.split(".")[1]
@@ -199,6 +203,8 @@ class NeoxAdapter:
         module, _, rest = name.partition(".")
         if module == "embedding":
             return 0, rest
+        if name == PAD_EMBEDDING:
+            return 0, name
         if module == "layers":
             layer, _, key = rest.partition(".")
             return FIRST_LAYER + int(layer), key
@@ -262,6 +268,8 @@ class NeoxAdapter:
     def _model_name(self, index: int, key: str) -> str | None:
         """The model's name for ``key`` of file ``index``; ``""`` to drop it, ``None`` if it has no place."""
         if index == 0:
+            if key == PAD_EMBEDDING:
+                return key
             return f"embedding.{key}" if key == WORD_EMBEDDINGS else POSITIONAL + key
         if index in self.layer_indices():
             if is_positional(key):

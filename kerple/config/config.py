@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from kerple.atomic import atomic_path
-from kerple.config import validate
+from kerple.config import messages, validate
 from kerple.config.errors import DEFAULT, ConfigError
 from kerple.config.neox_keys import DERIVED_KEYS, FIELDS, FREE_BLOCKS, KEY_INDEX, field_default, key_of, normalize_key
 from kerple.config.sections import (
@@ -88,7 +88,7 @@ class Config:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
         per_replica_ranks = max(parallel.pipe_parallel_size, 1) * parallel.model_parallel_size
         if world_size % per_replica_ranks:
-            raise validate.fail(
+            raise messages.fail(
                 self,
                 f"{world_size} processes cannot be split into replicas of max(pipe_parallel_size, 1) x "
                 f"model_parallel_size = {per_replica_ranks} processes",
@@ -115,7 +115,7 @@ class Config:
 
         def inconsistent(detail: str) -> ConfigError:
             given = [ident for ident, value in zip(batch_keys, (total, micro, accumulation)) if value is not None]
-            return validate.fail(
+            return messages.fail(
                 self,
                 f"batch sizes do not fit: train_batch_size = micro_batch_size x gradient_accumulation_steps x "
                 f"data_parallel_size, with data_parallel_size = {dp} ({world_size} processes); {detail}",
@@ -139,7 +139,7 @@ class Config:
         if micro is not None:
             return micro, 1, micro * dp
         culprit = "training.gradient_accumulation_steps" if accumulation is not None else "training.micro_batch_size"
-        raise validate.fail(
+        raise messages.fail(
             self,
             "set train_micro_batch_size_per_gpu (micro_batch_size) or train_batch_size; "
             "gradient_accumulation_steps alone does not determine the batch",
@@ -154,11 +154,11 @@ class Config:
         if length < 1:
             raise ConfigError(f"evaluation length must be positive, got {length}", key="seq_length_val")
         limit = self.model.max_position_embeddings
-        if validate.is_learned_absolute(validate.positional_family(self)) and length > limit:
-            raise validate.fail(
+        if validate.is_learned_absolute(messages.positional_family(self)) and length > limit:
+            raise messages.fail(
                 self,
-                f"cannot evaluate {length} tokens: {validate.described(self, 'positional.pos_emb', self.positional.pos_emb)} "
-                f"is a learned table with {validate.described(self, 'model.max_position_embeddings', limit)} rows; "
+                f"cannot evaluate {length} tokens: {messages.described(self, 'positional.pos_emb', self.positional.pos_emb)} "
+                f"is a learned table with {messages.described(self, 'model.max_position_embeddings', limit)} rows; "
                 "use an embedding that extrapolates or a length within the table",
                 "model.max_position_embeddings",
                 "positional.pos_emb",

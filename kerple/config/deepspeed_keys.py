@@ -2,9 +2,11 @@
 
 DeepSpeed validates some blocks strictly (pydantic models that forbid unknown keys): ``fp16``,
 ``bf16``, ``zero_optimization`` and the monitors. The key lists below are those models' field
-names and aliases in DeepSpeed 0.19.8; ``tests/unit/config/test_deepspeed_blocks.py`` compares
-them with the installed DeepSpeed so that an upgrade cannot drift silently. A block listed here is
-checked when the config loads, so a typo fails before any model is built.
+names and aliases in DeepSpeed 0.19.8 for the blocks kerple keeps whole (``fp16`` and ``bf16`` are
+one config field per key instead, :class:`kerple.config.sections.PrecisionConfig`);
+``tests/unit/config/test_deepspeed_blocks.py`` compares both with the installed DeepSpeed so that
+an upgrade cannot drift silently. A block listed here is checked when the config loads, so a typo
+fails before any model is built.
 
 DeepSpeed 0.19.8 also raises on a few top-level blocks that GPT-NeoX still declares, because the
 features were removed from DeepSpeed (``_REMOVED_TOP_LEVEL_CONFIG_KEYS`` in
@@ -13,28 +15,6 @@ them on; :data:`REMOVED_BLOCKS` says why each one is refused when it is switched
 """
 
 from __future__ import annotations
-
-FP16_KEYS = (
-    "enabled",
-    "auto_cast",
-    "loss_scale",
-    "initial_scale_power",
-    "loss_scale_window",
-    "hysteresis",
-    "consecutive_hysteresis",
-    "min_loss_scale",
-    "fp16_master_weights_and_grads",
-)
-"""``DeepSpeedFP16Config`` fields (``deepspeed/runtime/precision_config.py``)."""
-
-BF16_KEYS = (
-    "enabled",
-    "immediate_grad_update",
-    "check_grad_overflow",
-    "bf16_master_weights_and_grads",
-    "bf16_optimizer_states",
-)
-"""``DeepSpeedBF16Config`` fields."""
 
 ZERO_KEYS = (
     "stage",

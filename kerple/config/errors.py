@@ -7,6 +7,9 @@ from kerple.errors import KerpleError
 COMMAND_LINE = "<command line>"
 """Source label of values that came from ``key=value`` overrides."""
 
+THIS_COMMAND = "<this command>"
+"""Source label of values a command fixes for its own purpose (evaluation: ``train_iters: 0``)."""
+
 DEFAULT = "<default>"
 """Source label of values nobody set (the dataclass default)."""
 

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from kerple.config.config import Config
-from kerple.config.errors import COMMAND_LINE, ConfigError
+from kerple.config.errors import COMMAND_LINE, THIS_COMMAND, ConfigError
 from kerple.config.neox_checks import compatibility_note
 from kerple.config.neox_keys import FREE_BLOCKS, Entry, flatten, key_of, normalize_key
 from kerple.config.sections import SECTIONS
@@ -127,10 +127,10 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
     return overrides
 
 
-def _merge_into(merged: dict[str, Entry], entries: Mapping[str, Entry]) -> None:
+def _merge_into(merged: dict[str, Entry], entries: Mapping[str, Entry], log: bool = True) -> None:
     for ident, entry in entries.items():
         previous = merged.get(ident)
-        if previous is not None:
+        if log and previous is not None and previous.value != entry.value:
             logger.info(
                 "%s: %r (%s) -> %r (%s)", key_of(ident), previous.value, previous.source, entry.value, entry.source
             )
@@ -154,13 +154,20 @@ def build_config(merged: Mapping[str, Entry]) -> Config:
     return Config(**sections, sources=sources)
 
 
-def load_config(paths: Sequence[str | os.PathLike], overrides: Mapping[str, Any] | None = None) -> Config:
+def load_config(
+    paths: Sequence[str | os.PathLike],
+    overrides: Mapping[str, Any] | None = None,
+    fixed: Mapping[str, Any] | None = None,
+) -> Config:
     """Load, merge (later file wins; see the module docstring), derive and validate a config.
 
     Args:
         paths: YAML files, merged in order.
         overrides: ``{key: value}`` applied after the last file, e.g. from
             :func:`parse_overrides`; keys may be dashed, underscored or dotted.
+        fixed: values the calling command sets for its own purpose (evaluation sets
+            ``train_iters: 0``), applied last and not logged as overrides; their source is
+            ``<this command>``.
 
     Raises:
         ConfigError: naming the file and key of the first problem found.
@@ -170,6 +177,8 @@ def load_config(paths: Sequence[str | os.PathLike], overrides: Mapping[str, Any]
         _merge_into(merged, flatten(read_yaml(path), str(path)))
     if overrides:
         _merge_into(merged, flatten(dict(overrides), COMMAND_LINE))
+    if fixed:
+        _merge_into(merged, flatten(dict(fixed), THIS_COMMAND), log=False)
     cfg = build_config(merged)
     note = compatibility_note(cfg)
     if note:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from kerple.config.deepspeed_keys import REMOVED_BLOCKS, WRITTEN_BY_KERPLE
 from kerple.config.neox_keys import FIELDS, KEY_INDEX, field_default
-from kerple.config.validate import described, fail, positional_family
+from kerple.config.messages import described, fail, positional_family
 
 if TYPE_CHECKING:
     from kerple.config.config import Config

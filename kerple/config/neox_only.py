@@ -265,9 +265,6 @@ def _field(key: NeoXKey) -> Any:
     return setting(key.default, f"{prefix}{key.note}.", effect=False)
 
 
-NEOX_KEYS: dict[str, NeoXKey] = {key.name: key for key in _TABLE}
-"""Every key of the table by name."""
-
 NeoXOnlyConfig = dataclasses.make_dataclass(
     "NeoXOnlyConfig",
     [(key.name, key.hint, _field(key)) for key in _TABLE],

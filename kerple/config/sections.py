@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kerple import positional
+from kerple.model import families
+from kerple.model.regular import PADDINGS
 from kerple.config.deepspeed_keys import (
     COMMS_LOGGER_KEYS,
     MONITOR_KEYS,
@@ -48,14 +50,23 @@ class ModelConfig:
     """Transformer shape, normalisation, initialisation and dropout (GPT-NeoX architecture)."""
 
     num_layers: int = setting(12, "Number of transformer layers.", minimum=1)
-    arch: Literal["gpt", "regulargpt"] = setting(
+    arch: str = setting(
         "gpt",
-        "gpt: the GPT-NeoX decoder; regulargpt: RegularGPT (thesis ch. 6), Sliding-Dilated-Attention with "
-        "adaptive depth ceil(log_C T) and regular_thickness shared blocks (needs pos_emb: none).",
+        "The model family, one of the registry kerple.model.families: "
+        + "; ".join(f"{name}: {families.family(name).summary}" for name in families.names())
+        + ". A family without a positional embedding needs pos_emb: none.",
+        check=families.unknown_family,
     )
     regular_chunk_size: int = setting(2, "RegularGPT chunk size C of Eq. 6.1 (arch: regulargpt).", minimum=2)
     regular_thickness: int = setting(
         1, "RegularGPT thickness K: shared blocks, layer l*K+k reuses block k (arch: regulargpt; num_layers is unused).", minimum=1
+    )
+    regular_padding: Literal[PADDINGS] = setting(  # type: ignore[valid-type]
+        "pad",
+        "RegularGPT padding (thesis §6.2.1, footnote 1; arch: regulargpt). pad: the input is read as if "
+        "preceded by PAD tokens, a learned PAD embedding filling every key before position 0; none: such "
+        "keys are left out, as in checkpoints written before padding (a missing key then looks like a "
+        "duplicated one, and Parity Check fails).",
     )
     hidden_size: int = setting(768, "Model width h; must be divisible by num_attention_heads.", minimum=1)
     num_attention_heads: int = setting(12, "Number of attention heads H.", minimum=1)

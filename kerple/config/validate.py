@@ -1,19 +1,23 @@
 """Derived values and cross-key validation, run once when a :class:`~kerple.config.Config` is built.
 
-The positional registry (:mod:`kerple.positional`) and the attention implementations
-(:mod:`kerple.model.attention`) are looked up when a config is validated, not when this module is
-imported, so that tests can stand in for them and the config package does not import the model.
+The checks ask the registries what they support: the positional registry (:mod:`kerple.positional`)
+for an embedding's kind, the model-family registry (:mod:`kerple.model.families`) for a family's
+capabilities, and :func:`kerple.model.attention.unsupported_reason` for what a kernel can serve.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
 import math
 from typing import TYPE_CHECKING, Any
 
+from kerple import positional as positional_registry
+from kerple.config import neox_checks
 from kerple.config.errors import ConfigError
+from kerple.config.messages import described, fail, positional_family
 from kerple.config.neox_keys import FIELDS
+from kerple.model import families
+from kerple.model.attention import unsupported_reason
 
 if TYPE_CHECKING:
     from kerple.config.config import Config
@@ -23,30 +27,6 @@ OPTIMIZER_TYPES = ("adam", "adamw")
 
 _BF16_NAMES = ("bf16", "bfloat16")
 _FP16_NAMES = ("fp16", "float16")
-
-
-def where(cfg: Config, *idents: str) -> tuple[str, str | tuple[str, ...]]:
-    """The file(s) and key(s) that set the given fields, for a :class:`ConfigError`."""
-    files: list[str] = []
-    keys: list[str] = []
-    for ident in idents:
-        file, key = cfg.provenance(ident)
-        if file not in files:
-            files.append(file)
-        keys.append(key)
-    return ", ".join(files), (keys[0] if len(keys) == 1 else tuple(keys))
-
-
-def fail(cfg: Config, message: str, *idents: str) -> ConfigError:
-    """A :class:`ConfigError` naming where ``idents`` were set."""
-    file, key = where(cfg, *idents)
-    return ConfigError(message, file=file, key=key)
-
-
-def described(cfg: Config, ident: str, value: Any) -> str:
-    """``key=value (file)`` for messages about combinations."""
-    file, key = cfg.provenance(ident)
-    return f"{key}={value!r} ({file})"
 
 
 def device_type() -> str:
@@ -59,7 +39,6 @@ def device_type() -> str:
 def finalize(cfg: Config) -> None:
     """Fill the derived values of ``cfg`` and check every field and cross-key rule (idempotent)."""
     _field_checks(cfg)
-    neox_checks = importlib.import_module("kerple.config.neox_checks")
     _parallelism(cfg)
     _model(cfg)
     _positional(cfg)
@@ -171,40 +150,36 @@ def _model(cfg: Config) -> None:
         model.max_position_embeddings = model.seq_length
     multiple = model.make_vocab_size_divisible_by * cfg.parallelism.model_parallel_size
     model.padded_vocab_size = math.ceil(model.vocab_size / multiple) * multiple
-    if model.arch == "regulargpt":
-        _regular(cfg)
+    _family(cfg)
 
 
-def _regular(cfg: Config) -> None:
-    """RegularGPT (thesis §6.2) carries its own positions (Eq. 6.1) and mask: no other embedding or window."""
-    if cfg.positional.pos_emb != "none":
+def _family(cfg: Config) -> None:
+    """What the model family (``model.arch``) supports: its positional embedding, parallel layouts,
+    attention kernels and window (:class:`kerple.model.family.ModelFamily`)."""
+    family = families.family_of(cfg)
+    arch = described(cfg, "model.arch", family.name)
+    if not family.positional_embedding and cfg.positional.pos_emb != "none":
         raise fail(
             cfg,
-            f"{described(cfg, 'model.arch', 'regulargpt')} takes its positions from Eq. 6.1's scalars; "
-            f"set pos_emb: none, not {cfg.positional.pos_emb!r}",
+            f"{arch} carries its own position information and takes no positional embedding; set pos_emb: none, "
+            f"not {cfg.positional.pos_emb!r}",
             "positional.pos_emb",
         )
-    for ident in ("parallelism.model_parallel_size", "parallelism.pipe_parallel_size"):
+    for ident, supported in (("parallelism.model_parallel_size", family.tensor_parallel),
+                             ("parallelism.pipe_parallel_size", family.pipeline_parallel)):
         size = getattr(cfg.parallelism, ident.split(".")[1])
-        if size > 1:
-            raise fail(
-                cfg,
-                f"arch: regulargpt runs its shared blocks a length-dependent number of times and cannot be split "
-                f"over ranks; set {ident.split('.')[1]}: 1, not {size}",
-                ident,
-            )
-    if cfg.attention.attention_impl == "sdpa" or cfg.attention.attention_window is not None:
+        if size > 1 and not supported:
+            raise fail(cfg, f"{arch} cannot be split over ranks this way; set {ident.split('.')[1]}: 1, not {size}", ident)
+    impl = cfg.attention.attention_impl
+    if impl not in family.attention_impls:
         raise fail(
             cfg,
-            "arch: regulargpt runs attention_impl eager, flex or auto without an attention_window "
-            "(its mask is Sliding-Dilated-Attention)",
+            f"{arch} runs attention_impl {', '.join(family.attention_impls)}, not {impl!r}",
             "attention.attention_impl",
         )
-
-
-def positional_family(cfg: Config) -> Any:
-    """``kerple.positional.family`` of the configured (canonical) ``pos_emb``."""
-    return importlib.import_module("kerple.positional").family(cfg.positional.pos_emb)
+    if cfg.attention.attention_window is not None and not family.attention_window:
+        raise fail(cfg, f"{arch} takes no attention_window (its attention pattern is its own); remove it",
+                   "attention.attention_window")
 
 
 def is_learned_absolute(family: Any) -> bool:
@@ -213,12 +188,11 @@ def is_learned_absolute(family: Any) -> bool:
 
 
 def _positional(cfg: Config) -> None:
-    registry = importlib.import_module("kerple.positional")
     name = cfg.positional.pos_emb
     try:
-        cfg.positional.pos_emb = registry.canonical(name)
+        cfg.positional.pos_emb = positional_registry.canonical(name)
     except KeyError:
-        known = list(registry.names())
+        known = list(positional_registry.names())
         guess = difflib.get_close_matches(str(name), known, n=1)
         hint = f"did you mean {guess[0]!r}? " if guess else ""
         raise fail(
@@ -238,13 +212,12 @@ def _positional(cfg: Config) -> None:
 
 
 def _attention(cfg: Config) -> None:
-    importlib.import_module("kerple.config.neox_checks").attention_layers(cfg)
-    if cfg.attention.attention_impl == "auto":
-        return  # resolved per forward to an implementation that serves the embedding
+    neox_checks.attention_layers(cfg)
+    if cfg.attention.attention_impl == "auto" or not families.family_of(cfg).positional_embedding:
+        return  # auto: resolved per forward; a family without an embedding was checked by _family
     family = positional_family(cfg)
     training = cfg.training.train_iters != 0
-    attention = importlib.import_module("kerple.model.attention")
-    reason = attention.unsupported_reason(cfg.attention.attention_impl, family.kind, device_type(), training)
+    reason = unsupported_reason(cfg.attention.attention_impl, family.kind, device_type(), training)
     if reason:
         mode = "training" if training else "evaluation"
         raise fail(

@@ -27,12 +27,10 @@ import torch
 from tqdm.auto import tqdm
 
 from kerple.atomic import write_json_atomic as _write_json_atomic
-from kerple.checkpoint.files import checkpoint_config_files
-from kerple.config import load_config, parse_overrides, split_arguments
-from kerple.config.neox_keys import normalize_key
 from kerple.errors import entry_point
 from kerple.evaluation import protocols
 from kerple.evaluation.errors import EvaluationError
+from kerple.evaluation.temperature import temperature_for
 from kerple.evaluation.runner import (
     LengthResult,
     LOGIT_CHUNK_BYTES,
@@ -47,6 +45,7 @@ from kerple.evaluation.runner import (
     model_loss_fn,
     window_tokens,
 )
+from kerple.runs import RunConfig, load_run, parse_lengths, resolve_device, run_config
 
 RESULTS_FORMAT = "kerple-eval-1"
 DEFAULT_NUM_TOKENS = 32768
@@ -185,32 +184,6 @@ def format_documents(result: LengthResult, shown: int = DOCUMENTS_SHOWN) -> str:
     return "\n".join(lines)
 
 
-def parse_lengths(text: str) -> list[int]:
-    try:
-        lengths = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise EvaluationError(f"--eval-lengths {text!r}: expected comma-separated integers") from None
-    if not lengths or min(lengths) < 1:
-        raise EvaluationError(f"--eval-lengths {text!r}: expected positive lengths")
-    return sorted(set(lengths))
-
-
-def temperature_for(setting: str, length: int, train_length: int) -> float:
-    """The softmax temperature of ``--softmax-temperature setting`` at ``length``: a number in (0, 1],
-    or ``log`` = ``log_L(L_tr)`` = ``ln L_tr / ln L`` beyond the train length and 1 within it
-    (thesis §5.5, after Yao et al. 2021 and Su 2021)."""
-    if setting == "log":
-        return math.log(train_length) / math.log(length) if length > train_length > 1 else 1.0
-    try:
-        temperature = float(setting)
-    except ValueError:
-        raise EvaluationError(f"--softmax-temperature {setting!r}: expected a number in (0, 1] or 'log'") from None
-    if not 0.0 < temperature <= 1.0:
-        raise EvaluationError(f"--softmax-temperature {setting!r}: must lie in (0, 1] (1 = the trained model); "
-                              "a temperature above 1 flattens attention further")
-    return temperature
-
-
 def write_json_atomic(doc: dict[str, Any], path: str | Path) -> Path:
     """Write ``doc`` as JSON beside ``path``, fsync it, then rename it into place (:mod:`kerple.atomic`)."""
     return _write_json_atomic(path, doc)
@@ -224,42 +197,10 @@ def _autocast(cfg: Any, device: torch.device) -> contextlib.AbstractContextManag
     return contextlib.nullcontext()
 
 
-def load_trained_model(
-    cfg: Any, load: str | None = None, iteration: int | None = None, *, trust: bool = False
-) -> tuple[torch.nn.Module, str, int]:
-    """Build ``cfg``'s model and load a checkpoint into it (on CPU, eval mode): this project's or
-    a GPT-NeoX/KERPLE reference checkpoint (any model-parallel size, pipeline or sequential layout).
-
-    ``load`` defaults to the config's ``load``, then ``save``. Returns (model, folder, iteration).
-    """
-    from kerple.model import build_model
-    from kerple.checkpoint import load_model_weights
-
-    load_dir = load or cfg.checkpointing.load or cfg.checkpointing.save
-    if not load_dir:
-        raise EvaluationError("no checkpoint: pass --load DIR (or set load/save in the config)")
-    model = build_model(cfg)
-    loaded = load_model_weights(model, load_dir, iteration, cfg=cfg, trust=trust)
-    return model.eval(), str(load_dir), loaded
-
-
-def evaluation_config(args: argparse.Namespace) -> tuple[Any, list[str], dict[str, Any]]:
-    """The config of ``args.configs`` for evaluation only, with the command line's attention
-    settings; returns (config, YAML files, overrides applied)."""
-    yamls, override_words = split_arguments(args.configs)
-    if not yamls:
-        yamls = checkpoint_config_files(args.load, args.iteration)
-        print(f"config: {', '.join(yamls)} (from the checkpoint)", file=sys.stderr)
-    overrides = parse_overrides(override_words)
-    # Evaluation only, as the reference's train-iters 0 (docs/reference-format.md §5): validation then allows
-    # kernels without a CPU backward (flex) and nothing is trained.
-    overrides = {k: v for k, v in overrides.items() if normalize_key(k) != "train_iters"}
-    overrides["train_iters"] = 0
-    if args.attention_impl:
-        overrides["attention_impl"] = args.attention_impl
-    if args.attention_window:
-        overrides["attention_window"] = args.attention_window
-    return load_config(yamls, overrides), yamls, overrides
+def evaluation_config(args: argparse.Namespace) -> RunConfig:
+    """The run's config for evaluation, with the command line's attention settings."""
+    flags = {"attention_impl": args.attention_impl, "attention_window": args.attention_window}
+    return run_config(args.configs, args.load, args.iteration, overrides=flags)
 
 
 def fit_batches(
@@ -339,13 +280,16 @@ def results_document(
     }
 
 
-def check_model_temperatures(model: Any, setting: str, lengths: list[int], train_length: int) -> None:
-    """Refuse, before any window is scored, a temperature the model cannot take (RegularGPT takes none)."""
-    for length in lengths:
-        try:
-            model.set_temperature(temperature_for(setting, length, train_length))
-        except ValueError as error:
-            raise EvaluationError(f"--softmax-temperature: {error}") from None
+def check_temperatures(cfg: Any, setting: str, lengths: list[int]) -> None:
+    """Refuse, before loading anything, a temperature setting that means nothing, or one other
+    than 1 for a model family that takes no softmax temperature."""
+    from kerple.model import family_of
+
+    temperatures = {temperature_for(setting, length, cfg.model.seq_length) for length in lengths}
+    family = family_of(cfg)
+    if temperatures != {1.0} and not family.softmax_temperature:
+        raise EvaluationError(f"--softmax-temperature {setting}: model.arch {family.name} takes no softmax "
+                              "temperature (it runs at 1); drop the option")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -354,17 +298,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     check_arguments(args)
     check_output_writable(args.output)
-    cfg, yamls, overrides = evaluation_config(args)
-    lengths = parse_lengths(args.eval_lengths)
+    resolved = evaluation_config(args)
+    cfg = resolved.cfg
+    lengths = parse_lengths(args.eval_lengths, "--eval-lengths")
     cfg.check_eval_length(max(lengths))
-    for length in lengths:
-        temperature_for(args.softmax_temperature, length, cfg.model.seq_length)  # refuse before loading
-
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model, load_dir, iteration = load_trained_model(cfg, args.load, args.iteration, trust=args.trust_checkpoint)
-    model.to(device).eval()
-    print(f"loaded {load_dir} at iteration {iteration}", file=sys.stderr)
-    check_model_temperatures(model, args.softmax_temperature, lengths, cfg.model.seq_length)
+    check_temperatures(cfg, args.softmax_temperature, lengths)
+    device = resolve_device(args.device)
+    loaded = load_run(cfg, args.load, args.iteration, trust=args.trust_checkpoint, device=device)
+    model, load_dir, iteration = loaded.model, loaded.folder, loaded.iteration
     documents = load_split_documents(cfg, args.split)
     stream = np.concatenate(documents)
     document_of = np.repeat(np.arange(len(documents)), [len(d) for d in documents]) if args.per_document else None
@@ -395,7 +336,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 overall.write(format_documents(result), file=sys.stderr)
             doc = results_document(
                 args, cfg,
-                run={"iteration": iteration, "load": str(load_dir), "configs": yamls, "overrides": dict(overrides)},
+                run={"iteration": iteration, "load": str(load_dir), "configs": resolved.yamls,
+                     "overrides": dict(resolved.overrides)},
                 impl_per_length=dict(zip((p.length for p in plans), impls)), stream_tokens=int(len(stream)),
                 device=device, results=results, seconds=time.perf_counter() - started,
             )

@@ -52,14 +52,6 @@ class WindowPlan:
     def scored_tokens(self) -> int:
         return int((self.input_length - self.score_from).sum())
 
-    def scored_label_indices(self) -> np.ndarray:
-        """Stream indices of every scored label token, in evaluation order (for tests and audits)."""
-        parts = [
-            np.arange(start + first + 1, start + self.input_length + 1, dtype=np.int64)
-            for start, first in zip(self.starts.tolist(), self.score_from.tolist())
-        ]
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
 
 def _check_lengths(lengths: list[int], stream_len: int, minimum: int) -> None:
     if not lengths:

@@ -12,16 +12,14 @@ keeps the last W keys/values (thesis §4.9.2). Temperature 0 is greedy decoding.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 
-from kerple.config import load_config, parse_overrides, split_arguments
 from kerple.errors import KerpleError, entry_point
 from kerple.positional.base import PositionKind
+from kerple.runs import load_run, resolve_device, run_config
 
 
 class GenerationError(KerpleError):
@@ -61,7 +59,7 @@ def sample_next(
 
 def _check_length(model: nn.Module, total: int) -> None:
     positional = model.positional
-    if positional.kind == PositionKind.INPUT and positional.learnable:
+    if positional is not None and positional.kind == PositionKind.INPUT and positional.learnable:
         if total > positional.max_positions:
             raise GenerationError(
                 f"cannot generate {total} positions with a learned position table of {positional.max_positions} rows"
@@ -96,10 +94,11 @@ def generate(
     model.eval()
     sequence = prompt
     finished = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
-    saved_window = model.attention_window
+    windowed = not use_cache and cache_window is not None  # the reference path of a cache window
+    saved_window = model.attention_window if windowed else None
     cache = model.new_cache(window=cache_window) if use_cache else None
     try:
-        if not use_cache and cache_window is not None:
+        if windowed:
             model.set_attention(window=cache_window if saved_window is None else min(saved_window, cache_window))
         logits = model(prompt, cache=cache)[:, -1] if use_cache else model(prompt)[:, -1]
         for _ in range(max_new_tokens):
@@ -117,7 +116,7 @@ def generate(
             else:
                 logits = model(sequence)[:, -1]
     finally:
-        if not use_cache and cache_window is not None:
+        if windowed:
             model.set_attention(window=saved_window)
     return sequence
 
@@ -143,22 +142,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_any(model: nn.Module, path: str | Path, iteration: int | None, cfg: Any, trust: bool) -> int:
-    """Load a Hugging Face export (``config.json`` + ``model.safetensors``) or any checkpoint directory."""
-    folder = Path(path)
-    if (folder / "model.safetensors").is_file():
-        from kerple.checkpoint import check_architecture, load_into_model, state_architecture
-        from kerple.checkpoint.huggingface import import_huggingface
-
-        state, exported = import_huggingface(folder)
-        check_architecture(state_architecture(state, exported, exported.get("pos_emb")), cfg, folder)
-        load_into_model(model, state, folder)
-        return 0
-    from kerple.checkpoint.loading import load_model_weights
-
-    return load_model_weights(model, folder, iteration, cfg=cfg, trust=trust)
-
-
 def check_arguments(args: argparse.Namespace) -> None:
     """Refuse sampling settings that cannot mean anything (``GenerationError`` naming the flag)."""
     checks = (
@@ -176,37 +159,21 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise GenerationError(f"{flag} {value}: expected {expected}")
 
 
-def generation_config(args: argparse.Namespace) -> Any:
-    """The run's config: the YAML files and overrides given, else the checkpoint's ``configs/``."""
-    yamls, overrides = split_arguments(args.configs)
-    if not yamls and not (Path(args.load) / "model.safetensors").is_file():
-        from kerple.checkpoint.files import checkpoint_config_files
-
-        yamls = checkpoint_config_files(args.load, args.iteration)
-        print(f"config: {', '.join(yamls)} (from the checkpoint)", file=sys.stderr)
-    elif not yamls:
-        raise GenerationError(f"{args.load} is a Hugging Face export: name the run's YAML configs on the command line")
-    return load_config(yamls, parse_overrides(overrides))
-
-
 def run(args: argparse.Namespace) -> str:
     """Check the flags, load config, tokenizer and weights; return the generated text (prompt included)."""
     from kerple.data.tokenizers import build_tokenizer
-    from kerple.model import build_model
+    from kerple.model import family_of
 
     check_arguments(args)
-    cfg = generation_config(args)
-    data = cfg.data
-    regular = cfg.model.arch == "regulargpt"  # no KV cache: its depth changes with the length (thesis §6.2.2)
-    if regular and args.cache_window is not None:
-        raise GenerationError("--cache-window: RegularGPT (arch regulargpt) has no KV cache; drop the option")
+    cfg = run_config(args.configs, args.load, args.iteration).cfg
+    family = family_of(cfg)
+    if args.cache_window is not None and not family.kv_cache:
+        raise GenerationError(f"--cache-window: model.arch {family.name} has no KV cache; drop the option")
     # The tokenizer first: a bad tokenizer file fails in a second, before the weights are read.
+    data = cfg.data
     tokenizer = build_tokenizer(data.tokenizer_type, data.vocab_file, data.merge_file, data.tokenizer_file)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model = build_model(cfg, flex_compile=False)
-    iteration = load_any(model, args.load, args.iteration, cfg, args.trust_checkpoint)
-    print(f"loaded {args.load} at iteration {iteration}", file=sys.stderr)
-    model.to(device).eval()
+    device = resolve_device(args.device)
+    model = load_run(cfg, args.load, args.iteration, trust=args.trust_checkpoint, device=device, flex_compile=False).model
     ids = tokenizer.tokenize(args.prompt)
     if not ids:
         raise GenerationError(f"--prompt {args.prompt!r} tokenizes to no tokens; give some text")
@@ -219,7 +186,7 @@ def run(args: argparse.Namespace) -> str:
         top_k=args.top_k,
         top_p=args.top_p,
         cache_window=args.cache_window,
-        use_cache=not regular,
+        use_cache=family.kv_cache,
         generator=generator,
         eos_token_id=tokenizer.eod,
         vocab_limit=tokenizer.vocab_size,

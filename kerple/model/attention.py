@@ -25,10 +25,12 @@ The three kernels compute the same function (tests check agreement to 1e-5 in fp
   it calls the fused CPU flash kernel directly, with a backward that also differentiates the mask
   (``sdpa_cpu.py``). A multiplicative logit scale (KERPLE weight kernels, paper §5.3) cannot be
   expressed there, so that combination is refused.
-* ``flex`` calls FlexAttention with a ``score_mod`` that indexes the ``[H, k_len]`` tables by distance
-  (no ``L×L`` tensor) and a cached ``BlockMask`` for causal/window masking (see ``flex.py``).
+* ``flex`` calls FlexAttention with a ``score_mod`` that computes the embedding's closed form from
+  per-head tensors, or, for an embedding without one, indexes the ``[H, k_len]`` tables by distance
+  (no ``L×L`` tensor either way), and a cached ``BlockMask`` for causal/window masking (see
+  ``flex.py``).
 
-The layer never names an embedding: it only asks whether a table is ``None``.
+The layer never names an embedding: it only asks whether a table or a closed form is ``None``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from torch import nn
 
 from kerple.model import sdpa_cpu
 from kerple.positional.base import PositionKind, diagonal_gather, gather_by_distance
+from kerple.positional.logit_term import LogitTerm, distance_table_term
 
 if TYPE_CHECKING:
     from kerple.model.cache import KVCache
@@ -139,6 +142,8 @@ class AttentionContext:
     (``None`` when it has no such term). Keys are contiguous positions ending at the last query, so
     query row ``i`` and key column ``j`` are at distance ``i - j + (k_len - q_len)``. The dense
     ``[H, q_len, k_len]`` views used by eager/sdpa are gathered lazily, once per forward.
+    ``logit_term`` is the embedding's closed form for ``flex`` (its bias already divided by τ), or
+    ``None``: ``flex`` then gathers the tables.
     """
 
     impl: str
@@ -152,6 +157,7 @@ class AttentionContext:
     dropout_p: float = 0.0
     cache: KVCache | None = None
     flex: FlexAttentionKernel | None = None
+    logit_term: LogitTerm | None = None
     temperature: float = 1.0  # softmax temperature τ; the bias table is already divided by it
     _dense: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -166,6 +172,12 @@ class AttentionContext:
                 allowed = allowed & (signed < self.window)
             self._dense["allowed"] = allowed
         return self._dense["allowed"]
+
+    def flex_term(self, dtype: torch.dtype) -> LogitTerm | None:
+        """The term ``flex`` applies: the closed form, else a gather from the tables cast to ``dtype``."""
+        if self.logit_term is not None:
+            return self.logit_term
+        return distance_table_term(self.bias_table, self.scale_table, dtype)
 
     def dense_bias(self) -> torch.Tensor | None:
         """Additive bias ``[H, q_len, k_len]`` float32 gathered from ``bias_table``, or ``None``."""
@@ -256,7 +268,8 @@ def sdpa_attention(
 def flex_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, context: AttentionContext, training: bool
 ) -> torch.Tensor:
-    """FlexAttention over the distance tables (no ``L×L`` tensor); cached decoding goes to eager.
+    """FlexAttention with the positional term in ``score_mod`` (no ``L×L`` tensor); cached decoding
+    goes to eager.
 
     Incremental decoding (``q_len < k_len``) changes the shapes every step, which would recompile
     the fused kernel each time; there the per-row bias is only ``[H, q_len, k_len]``, so the eager
@@ -268,7 +281,7 @@ def flex_attention(
         raise ValueError("attention_impl flex does not implement attention dropout; set attention_dropout: 0")
     if context.flex is None:
         raise ValueError("attention_impl flex needs a FlexAttentionKernel in the attention context")
-    return context.flex(query, key, value, context.bias_table, context.scale_table, context.window)
+    return context.flex(query, key, value, context.flex_term(query.dtype), context.window)
 
 
 KERNELS: dict[str, Callable[..., torch.Tensor]] = {

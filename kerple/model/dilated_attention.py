@@ -1,40 +1,29 @@
-"""Sliding-Dilated-Attention of RegularGPT (thesis §6.2.1, Eq. 6.1).
+"""The attention kernels of RegularGPT's Sliding-Dilated-Attention (thesis §6.2.1, Eq. 6.1).
 
-At layer level ``l`` (0-based) with chunk size ``C`` and dilation ``D = C**l``, query ``m`` sees key
-``n`` only when ``(m - n) / D`` is an integer ``k`` in ``[0, C)``; the learnable per-head scalar
-``r[h, k]`` is added to that logit::
-
-    M[m, n] = r[(m - n) / D]   if (m - n) / D in [C]
-              -inf             otherwise
-
-Padding and causality. Eq. 6.1 is a *sliding* pattern (it depends on ``m - n`` only), so every
-query has its own window ``m, m - D, ..., m - (C-1)·D``. The thesis pads the input to a multiple of
-``C``; here a key that would lie before position 0 is simply absent, which is the same as
-left-padding with masked pad keys, and a right pad is never visible to a real query because the
-mask is causal (``k >= 0``). Padding therefore changes no output of a real position and is not
-materialised; the only length-dependent quantity is the depth (:func:`adaptive_depth`), which
-padding ``T`` up to a multiple of ``C`` leaves unchanged.
+The relative term (the pattern, the scalars ``r[h, k]`` and the visible padding) is
+:mod:`kerple.positional.dilated`'s; this module attends with it. Every kernel takes
+``query``/``key``/``value [b, H, 1 + T, d]`` laid out as ``[pad, x_0, ..., x_{T-1}]`` (slot 0 is the
+pad token's state, see :mod:`kerple.positional.dilated`), ``scalars [H, C]``, the dilation ``D``
+and whether the pad is visible, and returns ``[b, H, 1 + T, d]``.
 
 Three kernels compute the same function (tests check agreement to 1e-5 in fp32):
 
-* ``dense``: the ``[H, T, T]`` bias/mask of Eq. 6.1 added to fp32 scores (the reference);
-* ``gather``: for each ``k`` in ``[C]`` the key at ``m - k·D`` is gathered, so scores are
-  ``[b, H, T, C]`` (O(T·C) instead of O(T²));
-* ``flex``: FlexAttention with a ``mask_mod``/``score_mod`` computing the mask and ``r[h, k]`` on the
-  fly and a block-sparse ``BlockMask`` (forward only on CPU).
+* ``dense``: the ``[H, 1 + T, 1 + T]`` term added to fp32 (or fp64) scores (the reference);
+* ``gather``: for each ``k`` in ``[C]`` the key at ``m - k·D`` (or the pad) is gathered, so scores
+  are ``[b, H, T, C]`` (O(T·C) instead of O(T²));
+* ``flex``: FlexAttention with the term's ``score_mod``/``mask_mod`` and a block-sparse
+  ``BlockMask`` (forward only on CPU).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
-from torch.nn.attention.flex_attention import flex_attention as _flex_attention
 
-DILATED_IMPLS: tuple[str, ...] = ("eager", "flex")
+from kerple.model.flex_base import FlexKernel
+from kerple.positional.dilated import dense_term, flex_mods, gathered_term
 
 
 def adaptive_depth(length: int, chunk_size: int) -> int:
@@ -50,111 +39,77 @@ def adaptive_depth(length: int, chunk_size: int) -> int:
     return depth
 
 
-def dilated_pattern(length: int, chunk_size: int, dilation: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 6.1 on a ``[T, T]`` grid: (visible bool, ``k`` index int64 clamped into ``[0, C)``)."""
-    positions = torch.arange(length, device=device)
-    offset = positions[:, None] - positions[None, :]  # [T, T] m - n
-    index = torch.div(offset, dilation, rounding_mode="floor")
-    visible = (offset >= 0) & (offset % dilation == 0) & (index < chunk_size)
-    return visible, index.clamp(0, chunk_size - 1)
+def scores_dtype(query: torch.Tensor) -> torch.dtype:
+    """Scores and softmax run in fp32, or in the query's dtype when it is wider (fp64 references)."""
+    return torch.promote_types(query.dtype, torch.float32)
 
 
 def dense_dilated_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scalars: torch.Tensor, dilation: int
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scalars: torch.Tensor, dilation: int, padded: bool
 ) -> torch.Tensor:
-    """Reference kernel: ``query``/``key``/``value [b, H, T, d]``, ``scalars [H, C]`` -> ``[b, H, T, d]``."""
-    length, chunk = query.shape[-2], scalars.shape[-1]
-    visible, index = dilated_pattern(length, chunk, dilation, query.device)
-    scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) / math.sqrt(query.shape[-1])  # [b, H, T, T]
-    scores = scores + scalars.float()[:, index]  # [H, T, T] broadcast over b
-    scores = scores.masked_fill(~visible, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(value.dtype)
-    return torch.matmul(probs, value)
+    """Reference kernel: softmax over the ``[1 + T, 1 + T]`` scores plus :func:`dense_term`."""
+    length, dtype = query.shape[-2] - 1, scores_dtype(query)
+    scores = torch.matmul(query.to(dtype), key.to(dtype).transpose(-1, -2)) / math.sqrt(query.shape[-1])  # [b, H, 1+T, 1+T]
+    scores = scores + dense_term(scalars.to(dtype), length, dilation, padded)
+    return torch.matmul(torch.softmax(scores, dim=-1).to(value.dtype), value)
 
 
 def gather_dilated_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scalars: torch.Tensor, dilation: int
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scalars: torch.Tensor, dilation: int, padded: bool
 ) -> torch.Tensor:
-    """O(T·C) kernel: the ``C`` visible keys ``m - k·D`` of each query are gathered (same math as dense)."""
-    length, chunk = query.shape[-2], scalars.shape[-1]
+    """O(T·C) kernel: each real query's ``C`` keys ``m - k·D`` are gathered from the keys preceded by
+    ``(C-1)·D`` copies of the pad's key (an absent key reads the pad); the pad slot returns its value."""
+    batch, heads, slots, dim = key.shape
+    length, chunk, dtype = slots - 1, scalars.shape[-1], scores_dtype(query)
     reach = (chunk - 1) * dilation
-    padded_key = F.pad(key.float(), (0, 0, reach, 0))  # [b, H, reach + T, d]
-    padded_value = F.pad(value, (0, 0, reach, 0))
-    starts = [reach - k * dilation for k in range(chunk)]  # key of query m for index k sits at m + start
-    keys = torch.stack([padded_key[..., s : s + length, :] for s in starts], dim=-2)  # [b, H, T, C, d]
-    values = torch.stack([padded_value[..., s : s + length, :] for s in starts], dim=-2)
-    scores = torch.einsum("bhtd,bhtcd->bhtc", query.float(), keys) / math.sqrt(query.shape[-1])
-    scores = scores + scalars.float()[:, None, :]  # [H, 1, C]
-    offsets = torch.arange(chunk, device=query.device) * dilation  # [C]
-    exists = torch.arange(length, device=query.device)[:, None] >= offsets[None, :]  # [T, C] key m - k·D >= 0
-    scores = scores.masked_fill(~exists, float("-inf"))
+
+    def preceded_by_pad(tensor: torch.Tensor) -> torch.Tensor:  # [b, H, reach + T, d]
+        return torch.cat([tensor[..., :1, :].expand(batch, heads, reach, dim), tensor[..., 1:, :]], dim=-2)
+
+    keys_padded, values_padded = preceded_by_pad(key.to(dtype)), preceded_by_pad(value)
+    starts = [reach - k * dilation for k in range(chunk)]  # query m's key k sits at m + start
+    keys = torch.stack([keys_padded[..., s : s + length, :] for s in starts], dim=-2)  # [b, H, T, C, d]
+    values = torch.stack([values_padded[..., s : s + length, :] for s in starts], dim=-2)
+    scores = torch.einsum("bhtd,bhtcd->bhtc", query[..., 1:, :].to(dtype), keys) / math.sqrt(dim)
+    scores = scores + gathered_term(scalars.to(dtype), length, dilation, padded)  # [H, T, C] broadcast over b
     probs = torch.softmax(scores, dim=-1).to(value.dtype)
-    return torch.einsum("bhtc,bhtcd->bhtd", probs, values)
+    return torch.cat([value[..., :1, :], torch.einsum("bhtc,bhtcd->bhtd", probs, values)], dim=-2)
 
 
 def eager_dilated_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scalars: torch.Tensor, dilation: int
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scalars: torch.Tensor, dilation: int, padded: bool
 ) -> torch.Tensor:
     """``eager``: the gather kernel while its ``[T, C·d]`` keys are smaller than the dense ``[T, T]``
     scores per head, else the dense one (both exact)."""
     if scalars.shape[-1] * query.shape[-1] < query.shape[-2]:
-        return gather_dilated_attention(query, key, value, scalars, dilation)
-    return dense_dilated_attention(query, key, value, scalars, dilation)
+        return gather_dilated_attention(query, key, value, scalars, dilation, padded)
+    return dense_dilated_attention(query, key, value, scalars, dilation, padded)
 
 
-MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def dilated_mask_mod(chunk_size: int, dilation: int) -> MaskMod:
-    """FlexAttention ``mask_mod`` of Eq. 6.1: ``q - kv = k·D`` with ``k`` in ``[C]``."""
-
-    def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-        offset = q_idx - kv_idx
-        return (offset >= 0) & (offset % dilation == 0) & (offset < chunk_size * dilation)
-
-    return mask_mod
-
-
-class DilatedFlexKernel:
-    """FlexAttention for Eq. 6.1 with block masks cached per ``(T, C, D, device)``.
+class DilatedFlexKernel(FlexKernel):
+    """FlexAttention for Eq. 6.1 with block masks cached per ``(1 + T, C, D, padded, device)``.
 
     ``create_block_mask`` marks the tiles with no visible pair as empty, so the kernel skips them
-    (block-sparse); ``score_mod`` adds ``r[h, (q - kv) // D]``. ``compile=False`` runs FlexAttention's
-    unfused reference path (tests only).
+    (block-sparse). The score modification gathers ``r[h, k]`` and the pad slot's term from two
+    float32 ``[H, C]`` tables (shared memory per score tile: :mod:`kerple.model.flex_options`).
+    Compilation, options and copies: :class:`~kerple.model.flex_base.FlexKernel`; ``compile=False``
+    runs FlexAttention's unfused reference path (tests only).
     """
 
-    def __init__(self, compile: bool = True) -> None:
-        self.compiled = compile
-        self._attend = torch.compile(_flex_attention, dynamic=False) if compile else _flex_attention
-        self._block_masks: dict[tuple[int, int, int, str], BlockMask] = {}
+    def block_mask(self, scalars: torch.Tensor, slots: int, dilation: int, padded: bool, device: torch.device) -> BlockMask:
+        """The block-sparse mask of Eq. 6.1 with the pad slot over ``slots = 1 + T`` (cached)."""
 
-    def __deepcopy__(self, memo: dict) -> DilatedFlexKernel:
-        return DilatedFlexKernel(self.compiled)
+        def build() -> BlockMask:
+            _, mask_mod = flex_mods(scalars.detach(), dilation, padded)
+            return create_block_mask(mask_mod, None, None, slots, slots, device=device)
 
-    def __getstate__(self) -> dict:
-        return {"compiled": self.compiled}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["compiled"])
-
-    def block_mask(self, length: int, chunk_size: int, dilation: int, device: torch.device) -> BlockMask:
-        """The block-sparse mask of Eq. 6.1 for ``length`` tokens (cached)."""
-        cache_key = (length, chunk_size, dilation, str(device))
-        if cache_key not in self._block_masks:
-            mask_mod = dilated_mask_mod(chunk_size, dilation)
-            self._block_masks[cache_key] = create_block_mask(mask_mod, None, None, length, length, device=device)
-        return self._block_masks[cache_key]
+        return self.cached_block_mask((slots, scalars.shape[-1], dilation, padded, str(device)), build)
 
     def __call__(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scalars: torch.Tensor, dilation: int
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scalars: torch.Tensor, dilation: int, padded: bool
     ) -> torch.Tensor:
-        """``query``/``key``/``value [b, H, T, d]``, ``scalars [H, C]`` -> ``[b, H, T, d]``."""
-        chunk = scalars.shape[-1]
-        table = scalars.float()
-
-        def score_mod(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-            index = torch.clamp(torch.div(q_idx - kv_idx, dilation, rounding_mode="floor"), 0, chunk - 1)
-            return score + table[h, index]
-
-        block_mask = self.block_mask(query.shape[-2], chunk, dilation, query.device)
-        return self._attend(query, key, value, score_mod=score_mod, block_mask=block_mask)
+        """``query``/``key``/``value [b, H, 1 + T, d]``, ``scalars [H, C]`` -> ``[b, H, 1 + T, d]``."""
+        score_mod, _ = flex_mods(scalars, dilation, padded)
+        block_mask = self.block_mask(scalars, query.shape[-2], dilation, padded, query.device)
+        table_bytes = torch.promote_types(scalars.dtype, torch.float32).itemsize  # flex_mods' two tables
+        return self.attend(query, key, value, score_mod, block_mask, (scalars,), "dilated_table", 2 * table_bytes)

@@ -1,10 +1,12 @@
-"""FlexAttention kernel: positional terms looked up by distance inside ``score_mod``.
+"""FlexAttention kernel of the GPT models: the positional logit term evaluated inside ``score_mod``.
 
-KERPLE-style terms depend only on the distance ``d = i - j`` (paper §3, Eq. 2), so a per-head table
-``[H, L]`` built once per forward is enough: ``score_mod`` reads ``scale[h, d]`` and ``bias[h, d]``
-on the fly and no ``[H, L, L]`` tensor exists (O(H·L) memory at 16k-64k tokens). Gradients
-reach the tables (and through them the learnable parameters) where FlexAttention has a backward
-(CUDA); on CPU in torch 2.13 it is forward only.
+The term arrives as a :class:`~kerple.positional.logit_term.LogitTerm`: a closed form computed from
+per-head tensors (KERPLE paper §3-4: every term here depends on ``d = i - j`` and a few scalars per
+head), or a gather ``table[h, d]`` from the ``[H, L]`` distance tables in the compute dtype. Either
+way no ``[H, L, L]`` tensor exists (O(H·L) memory at 16k-64k tokens). Gradients reach the captured
+tensors (and through them the learnable parameters) where FlexAttention has a backward (CUDA); on
+CPU in torch 2.13 it is forward only. Compilation, kernel options and their fallback ladder:
+:mod:`kerple.model.flex_base`.
 
 Masking (causal, and the attention window of thesis §4.3.3) goes into a ``BlockMask`` so fully
 masked blocks are skipped; block masks are cached per ``(q_len, k_len, window, device)``. The block
@@ -14,13 +16,14 @@ evaluate the mask on the dense ``L×L`` grid (int64 index tensors of 34 GB at 65
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask
-from torch.nn.attention.flex_attention import flex_attention as _flex_attention
 
-ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+from kerple.model.flex_base import FlexKernel, ScoreMod
+from kerple.positional.logit_term import LogitTerm, ScorePosition
+
 BLOCK_SIZE = 128  # FlexAttention's default tile
 
 
@@ -66,73 +69,54 @@ def distance_block_mask(
     )
 
 
-def distance_score_mod(
-    bias_table: torch.Tensor | None, scale_table: torch.Tensor | None, offset: int
-) -> ScoreMod | None:
-    """A ``score_mod`` computing ``score * scale[h, d] + bias[h, d]`` with ``d = q_idx - kv_idx + offset``.
+def term_score_mod(term: LogitTerm | None, offset: int) -> ScoreMod | None:
+    """A ``score_mod`` applying ``term`` to the score of query row ``q_idx`` and key ``kv_idx``.
 
-    ``score`` arrives already multiplied by ``1/sqrt(head_dim)``. Distances are clamped into the
-    table's range; clamped entries (above the diagonal) are masked by the block mask anyway.
-    Returns ``None`` when there is no term at all.
+    Query row ``q_idx`` is absolute position ``q_idx + offset`` (keys start at position 0);
+    ``score`` arrives already multiplied by ``1/sqrt(head_dim)``. ``None`` when there is no term.
     """
-    if bias_table is None and scale_table is None:
+    if term is None:
         return None
-    table = bias_table if bias_table is not None else scale_table
-    last = table.shape[-1] - 1
 
-    def score_mod(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-        distance = torch.clamp(q_idx - kv_idx + offset, 0, last)
-        if scale_table is not None:
-            score = score * scale_table[h, distance]
-        if bias_table is not None:
-            score = score + bias_table[h, distance]
-        return score
+    def score_mod(
+        score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    ) -> torch.Tensor:
+        return term.apply(score, ScorePosition(b, h, q_idx + offset, kv_idx))
 
     return score_mod
 
 
-class FlexAttentionKernel:
-    """Owns the (optionally compiled) FlexAttention function and the block-mask cache of one model.
+class FlexAttentionKernel(FlexKernel):
+    """The FlexAttention kernel of one GPT model: causal (and windowed) block masks, cached per
+    ``(q_len, k_len, window, device)``, and the positional term in ``score_mod``.
 
-    ``compile=True`` wraps ``flex_attention`` in ``torch.compile(dynamic=False)`` once; each new
-    sequence length compiles a new kernel (tens of seconds on CPU), later calls reuse it. Without
-    compilation FlexAttention runs an unfused reference path that materializes the scores; useful
-    for tests only.
+    ``closed_form=False`` makes the model hand over its distance tables even for embeddings with a
+    closed form (the table gather, e.g. to compare the two on a GPU). ``compile=True`` compiles
+    ``flex_attention`` once (``torch.compile(dynamic=False)``); each new sequence length compiles a
+    new kernel (tens of seconds on CPU), later calls reuse it. Without compilation FlexAttention
+    runs an unfused reference path that materializes the scores; useful for tests only.
     """
 
-    def __init__(self, compile: bool = True) -> None:
-        self.compiled = compile
-        self._attend = torch.compile(_flex_attention, dynamic=False) if compile else _flex_attention
-        self._block_masks: dict[tuple[int, int, int | None, str], BlockMask] = {}
+    def __init__(self, compile: bool = True, closed_form: bool = True) -> None:
+        super().__init__(compile)
+        self.closed_form = closed_form
 
-    def __deepcopy__(self, memo: dict) -> FlexAttentionKernel:
-        # A compiled function does not deep-copy; a copy starts with its own empty caches.
-        return FlexAttentionKernel(self.compiled)
-
-    def __getstate__(self) -> dict:
-        return {"compiled": self.compiled}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["compiled"])
+    def arguments(self) -> dict[str, Any]:
+        return {**super().arguments(), "closed_form": self.closed_form}
 
     def block_mask(self, q_len: int, k_len: int, window: int | None, device: torch.device) -> BlockMask:
         """Causal (and windowed) block mask; query ``i`` is at position ``k_len - q_len + i``."""
-        cache_key = (q_len, k_len, window, str(device))
-        if cache_key not in self._block_masks:
-            self._block_masks[cache_key] = distance_block_mask(q_len, k_len, window, device)
-        return self._block_masks[cache_key]
+        return self.cached_block_mask(
+            (q_len, k_len, window, str(device)), lambda: distance_block_mask(q_len, k_len, window, device)
+        )
 
     def __call__(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        bias_table: torch.Tensor | None,
-        scale_table: torch.Tensor | None,
-        window: int | None,
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, term: LogitTerm | None, window: int | None
     ) -> torch.Tensor:
         """``query [b, H, q, d]``, ``key``/``value [b, H, k, d]`` -> ``[b, H, q, d]``."""
         q_len, k_len = query.shape[-2], key.shape[-2]
-        score_mod = distance_score_mod(bias_table, scale_table, k_len - q_len)
+        score_mod = term_score_mod(term, k_len - q_len)
         block_mask = self.block_mask(q_len, k_len, window, query.device)
-        return self._attend(query, key, value, score_mod=score_mod, block_mask=block_mask)
+        if term is None:
+            return self.attend(query, key, value, score_mod, block_mask)
+        return self.attend(query, key, value, score_mod, block_mask, term.tensors, term.kind, term.gathered_bytes)

@@ -1,14 +1,13 @@
 """GPT-NeoX language model with a pluggable positional embedding (docs/reference-format.md §3-4).
 
-Structure (and ``state_dict()`` names): ``embedding`` (:class:`TokenEmbedding`: word embeddings,
-dropout), ``positional`` (the ONE positional module, shared by all layers: docs/reference-format.md
-§2), ``layers`` (``nn.ModuleList`` of :class:`TransformerLayer`), ``final_norm`` (the norm module)
-and ``lm_head`` (``nn.Linear`` without bias, or ``None`` when tied to the word embeddings). The
-model knows nothing of how checkpoints store it: GPT-NeoX's ``sequential.<N>`` names, their index
+Structure (and ``state_dict()`` names) as every :class:`~kerple.model.decoder.Decoder`:
+``embedding``, ``positional`` (the ONE positional module, shared by all layers:
+docs/reference-format.md §2), ``layers`` (:class:`TransformerLayer`), ``final_norm`` and
+``lm_head``. The model knows nothing of how checkpoints store it: GPT-NeoX's ``sequential.<N>`` names, their index
 gaps and the per-layer copies of the positional tensors are :mod:`kerple.checkpoint.neox_layout`'s.
 
-The distance tables are computed ONCE per forward and handed to every layer in an
-:class:`~kerple.model.attention.AttentionContext`.
+The distance tables (and, for ``flex``, the embedding's closed-form logit term) are computed ONCE
+per forward and handed to every layer in an :class:`~kerple.model.attention.AttentionContext`.
 
 Activation checkpointing (``checkpoint_activations``, ``checkpoint_num_layers`` = N): in a training
 forward with autograd on and no KV cache, each group of N transformer layers runs under
@@ -24,20 +23,20 @@ import dataclasses
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from kerple import positional as positional_registry
 from kerple.model.attention import AUTO, AttentionContext, choose_implementation, unsupported_reason
 from kerple.model.cache import KVCache
+from kerple.model.decoder import Decoder, model_arguments
+from kerple.model.family import ModelFamily
 from kerple.model.flex import FlexAttentionKernel
-from kerple.model.init import init_function
-from kerple.model.mlp import build_norm
-from kerple.model.transformer import TokenEmbedding, TransformerLayer
+from kerple.model.transformer import TransformerLayer, transformer_layers
 from kerple.positional.base import PositionalEmbedding
 
 
-class GPTModel(nn.Module):
+class GPTModel(Decoder):
     """GPT-NeoX decoder. ``forward(tokens [b, s]) -> logits [b, s, padded_vocab]``.
 
     ``attention_impl`` and ``attention_window`` are plain attributes read at every forward (set
@@ -71,48 +70,28 @@ class GPTModel(nn.Module):
         checkpoint_activations: bool = False,
         checkpoint_num_layers: int = 1,
     ) -> None:
-        super().__init__()
         if int(checkpoint_num_layers) < 1:
             raise ValueError(f"checkpoint_num_layers must be >= 1, got {checkpoint_num_layers}")
-        self.num_layers = num_layers
-        # plain attributes read at every forward (see the module docstring)
+
+        layer = {"hidden_size": hidden_size, "num_heads": num_attention_heads, "norm": norm, "activation": activation,
+                 "layernorm_epsilon": layernorm_epsilon, "hidden_dropout": hidden_dropout, "gpt_j_residual": gpt_j_residual}
+        super().__init__(
+            build_layers=lambda: transformer_layers(num_layers, **layer), positional=positional, hidden_size=hidden_size,
+            num_attention_heads=num_attention_heads, padded_vocab_size=padded_vocab_size, norm=norm,
+            layernorm_epsilon=layernorm_epsilon, no_weight_tying=no_weight_tying, hidden_dropout=hidden_dropout,
+        )
+        # plain attributes read at every forward (see the class docstring)
         self.checkpoint_activations = bool(checkpoint_activations)
         self.checkpoint_num_layers = int(checkpoint_num_layers)
-        self.hidden_size = hidden_size
-        self.num_heads = num_attention_heads
-        self.vocab_size = padded_vocab_size
         self.attention_dropout = attention_dropout
-        self.embedding = TokenEmbedding(padded_vocab_size, hidden_size, hidden_dropout)
-        self.positional = positional
-        self.layers = nn.ModuleList(
-            TransformerLayer(
-                hidden_size=hidden_size,
-                num_heads=num_attention_heads,
-                layer_index=index,
-                norm=norm,
-                layernorm_epsilon=layernorm_epsilon,
-                activation=activation,
-                hidden_dropout=hidden_dropout,
-                gpt_j_residual=gpt_j_residual,
-            )
-            for index in range(num_layers)
-        )
-        self.final_norm = build_norm(norm, hidden_size, layernorm_epsilon)
-        self.lm_head = nn.Linear(hidden_size, padded_vocab_size, bias=False) if no_weight_tying else None
-
         self._flex = FlexAttentionKernel(compile=flex_compile)
         self.attention_impl = "eager"
         self.attention_window: int | None = None
         self.softmax_temperature = 1.0  # τ of thesis §5.4, a runtime setting (see set_temperature)
         self.set_attention(attention_impl, attention_window)
-        self._init_weights(init_method, output_layer_init_method, init_method_std)
+        self.init_weights(init_method, output_layer_init_method, init_method_std)
 
-    # --- structure --------------------------------------------------------------------------
-    @property
-    def lm_head_weight(self) -> torch.Tensor:
-        """The LM head's weight ``[V, h]``, or the word embeddings when tied."""
-        return self.embedding.word_embeddings.weight if self.lm_head is None else self.lm_head.weight
-
+    # --- runtime settings -------------------------------------------------------------------
     def set_attention(self, impl: str | None = None, window: int | None | str = "keep") -> None:
         """Switch the attention kernel and/or window; raises ``ValueError`` for a combination that cannot work.
 
@@ -142,6 +121,13 @@ class GPTModel(nn.Module):
         """The kernel a forward of ``seq_len`` keys would use: ``attention_impl``, or the choice of ``auto``."""
         if self.attention_impl != AUTO:
             return self.attention_impl
+        return self._auto(device_type, training, seq_len)
+
+    def gradient_attention_impl(self, device_type: str, seq_len: int) -> str:
+        """What ``auto`` trains with on ``device_type`` (a kernel with a backward there)."""
+        return self._auto(device_type, True, seq_len)
+
+    def _auto(self, device_type: str, training: bool, seq_len: int) -> str:
         return choose_implementation(
             self.positional.kind,
             device_type,
@@ -152,26 +138,13 @@ class GPTModel(nn.Module):
             flex_compiled=self._flex.compiled,
         )
 
-    def _init_weights(self, init_method: str, output_layer_init_method: str, std: float) -> None:
-        """docs/reference-format.md §4: ``init_method`` for weights, ``output_layer_init_method`` for the output projections."""
-        sizes = {"std": std, "num_layers": self.num_layers, "hidden_size": self.hidden_size}
-        init_weight = init_function(init_method, **sizes)
-        init_output = init_function(output_layer_init_method, **sizes)
-        init_weight(self.embedding.word_embeddings.weight)
-        for layer in self.layers:
-            for linear, init in (
-                (layer.attention.query_key_value, init_weight),
-                (layer.attention.dense, init_output),
-                (layer.mlp.dense_h_to_4h, init_weight),
-                (layer.mlp.dense_4h_to_h, init_output),
-            ):
-                init(linear.weight)
-                nn.init.zeros_(linear.bias)
-            layer.input_layernorm.reset_parameters()
-            layer.post_attention_layernorm.reset_parameters()
-        self.final_norm.reset_parameters()
-        if self.lm_head is not None:
-            init_weight(self.lm_head.weight)
+    def positional_parameters(self) -> list[nn.Parameter]:
+        """The shared positional module's parameters."""
+        return list(self.positional.parameters())
+
+    def shared_parameters(self) -> list[nn.Parameter]:
+        """The positional parameters (every layer reads the distance tables) and the LM-head weight."""
+        return [*self.positional.parameters(), self.lm_head_weight]
 
     def new_cache(self, window: int | None = None) -> KVCache:
         """An empty :class:`KVCache` for incremental decoding (``window``: keep only the last W keys)."""
@@ -194,6 +167,9 @@ class GPTModel(nn.Module):
         temperature = self.softmax_temperature
         if bias_table is not None and temperature != 1.0:
             bias_table = bias_table / temperature
+        logit_term = self.positional.logit_term() if impl == "flex" and self._flex.closed_form else None
+        if logit_term is not None:
+            logit_term = logit_term.divide_bias(temperature)
         return AttentionContext(
             impl=impl,
             q_len=q_len,
@@ -206,6 +182,7 @@ class GPTModel(nn.Module):
             dropout_p=self.attention_dropout,
             cache=cache,
             flex=self._flex,
+            logit_term=logit_term,
             temperature=temperature,
         )
 
@@ -228,32 +205,6 @@ class GPTModel(nn.Module):
         if cache is not None:
             cache.advance(tokens.shape[1])
         return self.final_norm(hidden)
-
-    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """``tokens [b, s]`` -> logits ``[b, s, padded_vocab]`` (see :meth:`hidden_states` for ``cache``)."""
-        return F.linear(self.hidden_states(tokens, cache), self.lm_head_weight)
-
-    def chunked_loss(
-        self, tokens: torch.Tensor, labels: torch.Tensor, chunk_size: int = 1024, ignore_index: int = -100
-    ) -> torch.Tensor:
-        """Per-token cross entropy ``[b, s]`` (float32; 0 where ``labels == ignore_index``).
-
-        The LM head and the loss run on ``chunk_size`` positions at a time, so full-length fp32
-        logits ``[b, s, V]`` never exist. Under autograd each chunk is recomputed in the
-        backward pass (activation checkpointing) so its logits are not kept either.
-        """
-        hidden = self.hidden_states(tokens)  # [b, s, h]
-        weight = self.lm_head_weight
-        losses = []
-        for start in range(0, tokens.shape[1], chunk_size):
-            piece = hidden[:, start : start + chunk_size]
-            target = labels[:, start : start + chunk_size]
-            if torch.is_grad_enabled() and (piece.requires_grad or weight.requires_grad):
-                loss = checkpoint(_chunk_cross_entropy, piece, weight, target, ignore_index, use_reentrant=False)
-            else:
-                loss = _chunk_cross_entropy(piece, weight, target, ignore_index)
-            losses.append(loss)
-        return torch.cat(losses, dim=1)
 
 
 def run_layers(
@@ -279,68 +230,17 @@ def _run_group(layers: Sequence[TransformerLayer], hidden: torch.Tensor, context
     return run_layers(layers, hidden, dataclasses.replace(context, _dense={}))
 
 
-def _chunk_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
-    """``hidden [b, c, h]`` -> per-token loss ``[b, c]`` via fp32 logits of this chunk only."""
-    logits = F.linear(hidden, weight).float()  # [b, c, V]
-    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=ignore_index, reduction="none")
-    return loss.view_as(labels)
-
-
-def maybe_compile(model: GPTModel, cfg: Any) -> GPTModel:
-    """Compile each transformer layer in place when ``cfg.training.compile`` is true; returns ``model``.
-
-    Per-layer ``nn.Module.compile`` (as torchtitan does) keeps the parameter names and the
-    ``state_dict`` keys unchanged (``torch.compile(model)`` would prefix them with ``_orig_mod.``),
-    leaves the Python-side work of a forward (distance tables, KV cache, kernel choice) uncompiled,
-    and makes every layer reuse one compiled graph. Call it after moving the model to its device
-    and before building the optimizer or a DeepSpeed engine.
-    """
-    if cfg.training.compile:
-        for layer in model.layers:
-            layer.compile()
-    return model
-
-
-def model_arguments(model_cfg: Any) -> dict[str, Any]:
-    """The constructor arguments every decoder of this project takes from the ``model`` section
-    (sizes, norm, activation, residual form, weight tying, dropout, initialisation)."""
-    epsilon = {"rmsnorm": model_cfg.rms_norm_epsilon, "scalenorm": model_cfg.scalenorm_epsilon}.get(
-        model_cfg.norm, model_cfg.layernorm_epsilon
-    )
-    return {
-        "hidden_size": model_cfg.hidden_size,
-        "num_attention_heads": model_cfg.num_attention_heads,
-        "padded_vocab_size": model_cfg.padded_vocab_size,
-        "norm": model_cfg.norm,
-        "layernorm_epsilon": epsilon,
-        "activation": model_cfg.activation,
-        "gpt_j_residual": model_cfg.gpt_j_residual,
-        "no_weight_tying": model_cfg.no_weight_tying,
-        "hidden_dropout": model_cfg.hidden_dropout,
-        "init_method": model_cfg.init_method,
-        "output_layer_init_method": model_cfg.output_layer_init_method,
-        "init_method_std": model_cfg.init_method_std,
-    }
-
-
-def build_model(cfg: Any, *, flex_compile: bool = True) -> GPTModel:
-    """Build the model of ``cfg`` (a :class:`kerple.config.Config`; uses ``cfg.model``,
+def build_gpt(cfg: Any, *, flex_compile: bool = True) -> GPTModel:
+    """The GPT-NeoX decoder of ``cfg`` (a :class:`kerple.config.Config`; uses ``cfg.model``,
     ``cfg.positional``, ``cfg.attention`` and ``cfg.training``) with its positional embedding from
-    the registry; ``model.arch: regulargpt`` builds :class:`kerple.model.regular.RegularGPT`."""
-    from kerple import positional as positional_registry
-
-    if cfg.model.arch == "regulargpt":
-        from kerple.model.regular import build_regular_model
-
-        return build_regular_model(cfg, flex_compile=flex_compile)
+    the registry."""
     model_cfg, positional_cfg, attention_cfg, training_cfg = cfg.model, cfg.positional, cfg.attention, cfg.training
-    max_positions = model_cfg.max_position_embeddings or model_cfg.seq_length
     positional = positional_registry.build(
         positional_cfg.pos_emb,
         num_heads=model_cfg.num_attention_heads,
         head_dim=model_cfg.head_dim,
         hidden_size=model_cfg.hidden_size,
-        max_positions=max_positions,
+        max_positions=model_cfg.max_position_embeddings or model_cfg.seq_length,
         **positional_cfg.options(),
     )
     return GPTModel(
@@ -354,3 +254,21 @@ def build_model(cfg: Any, *, flex_compile: bool = True) -> GPTModel:
         checkpoint_activations=training_cfg.checkpoint_activations,
         checkpoint_num_layers=training_cfg.checkpoint_num_layers,
     )
+
+
+FAMILY = ModelFamily(
+    name="gpt",
+    summary="the GPT-NeoX decoder with any pos_emb of the positional registry",
+    build=build_gpt,
+    layer_count_key="num_layers",
+    positional_embedding=True,
+    attention_impls=("eager", "sdpa", "flex", "auto"),
+    attention_window=True,
+    kv_cache=True,
+    softmax_temperature=True,
+    tensor_parallel=True,
+    pipeline_parallel=True,
+    recorded_args=(),
+    neox_export=True,
+    hf_export="by positional embedding (docs/interop.md)",
+)

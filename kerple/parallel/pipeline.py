@@ -180,6 +180,14 @@ class GPTPipeline(PipelineModule):
                 dist.all_reduce(weight.grad, group=group)
 
     # --- use ---------------------------------------------------------------------------
+    def positional_parameters(self) -> list[nn.Parameter]:
+        """The shared positional module's parameters (as :meth:`kerple.model.Decoder.positional_parameters`)."""
+        return self._model.positional_parameters()
+
+    def positional_metrics(self) -> dict[str, float]:
+        """Their statistics (as :meth:`kerple.model.Decoder.positional_metrics`)."""
+        return self._model.positional_metrics()
+
     @property
     def num_layers(self) -> int:
         """Transformer layers of the whole model."""

@@ -258,12 +258,3 @@ def vocab_parallel_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Ten
     logits32 = logits.clone() if logits.dtype == torch.float32 else logits.float()
     per_token = _megatron().vocab_parallel_cross_entropy(logits32, labels.masked_fill(~keep, 0))  # [b, s]
     return (per_token * keep).sum() / keep.sum().clamp(min=1)
-
-
-def gather_vocab_parallel(logits: torch.Tensor, parallel: ParallelState) -> torch.Tensor:
-    """All-gather vocab-parallel ``logits [..., V/N]`` into ``[..., V]`` (for evaluation and tests)."""
-    if parallel.model_parallel_size == 1:
-        return logits
-    pieces = [torch.empty_like(logits) for _ in range(parallel.model_parallel_size)]
-    torch.distributed.all_gather(pieces, logits.contiguous(), group=parallel.model_parallel_group)
-    return torch.cat(pieces, dim=-1)

@@ -26,6 +26,7 @@ import torch
 
 from kerple.positional.base import PositionalEmbedding, PositionKind, global_head_indices
 from kerple.positional.functional import distance_vector
+from kerple.positional.logit_term import LogitTerm, per_head_term
 from kerple.positional.options import option
 
 
@@ -51,6 +52,11 @@ def shifted_slopes(num_heads: int, slope_shift: float = 0.0, equal_slope: float 
             raise ValueError("alibi_equal_slope and a non-zero alibi_slope_shift cannot be combined")
         return [2.0 ** (-float(equal_slope))] * num_heads
     return [slope * 2.0 ** (-float(slope_shift)) for slope in alibi_slopes(num_heads)]
+
+
+def linear_bias(params: dict[str, torch.Tensor], distance: torch.Tensor) -> torch.Tensor:
+    """ALiBi's ``-slope * d`` (Press et al. 2022, §3), ``slope = params["slope"]``."""
+    return -params["slope"] * distance
 
 
 @dataclass(frozen=True)
@@ -100,7 +106,12 @@ class AlibiBias(PositionalEmbedding):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """``-slopes[:, None] * d`` float32 ``[H, k_len]``; no scale table."""
         distance = distance_vector(k_len, device)
-        return -self.slopes.to(device=distance.device, dtype=torch.float32)[:, None] * distance, None
+        slopes = self.slopes.to(device=distance.device, dtype=torch.float32)[:, None]  # [H, 1]
+        return linear_bias({"slope": slopes}, distance), None
+
+    def logit_term(self) -> LogitTerm:
+        """``-slope_h * d`` per score from the ``[H]`` slopes."""
+        return LogitTerm((self.slopes.float(),), bias=per_head_term(linear_bias, ("slope",)))
 
     def export_terms(self) -> dict[str, dict[str, Any]]:
         """``-a * d^p`` with ``a`` the slopes and ``p = 1``."""

@@ -11,8 +11,13 @@ A positional embedding can act in three places:
 Every logit term in this project is a function of the causal distance ``d = i - j >= 0`` between
 query position ``i`` and key position ``j`` only. An embedding therefore describes itself with
 per-head *distance tables* of length ``k_len`` (O(H·L) memory), from which the dense
-``[H, q_len, k_len]`` matrices are gathered for the eager / sdpa paths and which the FlexAttention
-``score_mod`` indexes on the fly. Tables are built once per forward and shared by all layers.
+``[H, q_len, k_len]`` matrices are gathered for the eager / sdpa paths. Tables are built once per
+forward and shared by all layers.
+
+Fused kernels (FlexAttention) take the term as a :class:`~kerple.positional.logit_term.LogitTerm`
+evaluated per score inside the kernel: the *closed form* an embedding returns from
+:meth:`PositionalEmbedding.logit_term` (computed from small per-head tensors), or, for an embedding
+without one (T5 buckets, Sandwich), a gather from its distance tables.
 
 The transformer layer never names an embedding: it asks for these hooks and nothing else.
 """
@@ -20,10 +25,24 @@ The transformer layer never names an embedding: it asks for these hooks and noth
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from torch import nn
+
+from kerple.positional.logit_term import LogitTerm
+
+
+def parameter_statistics(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
+    """``name/mean``, ``name/std``, ``name/min``, ``name/max`` of every tensor (training logs)."""
+    stats: dict[str, float] = {}
+    for name, param in named:
+        values = param.detach().float().flatten()
+        stats[f"{name}/mean"] = values.mean().item()
+        stats[f"{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
+        stats[f"{name}/min"] = values.min().item()
+        stats[f"{name}/max"] = values.max().item()
+    return stats
 
 
 class PositionKind(str, enum.Enum):
@@ -187,15 +206,16 @@ class PositionalEmbedding(nn.Module):
         """
         return None, None
 
-    def bias(self, q_len: int, k_len: int) -> torch.Tensor | None:
-        """Additive bias on the scaled logits, float32 ``[H, q_len, k_len]``, or ``None``."""
-        table, _ = self.distance_tables(k_len, device=self._device())
-        return None if table is None else gather_by_distance(table, q_len, k_len)
+    def logit_term(self) -> LogitTerm | None:
+        """The closed form of the logit term for fused kernels, or ``None`` when there is none.
 
-    def logit_scale(self, q_len: int, k_len: int) -> torch.Tensor | None:
-        """Multiplicative factor on the scaled logits, float32 ``[H, q_len, k_len]``, or ``None``."""
-        _, table = self.distance_tables(k_len, device=self._device())
-        return None if table is None else gather_by_distance(table, q_len, k_len)
+        A closed form computes the term of :meth:`distance_tables` per score from small tensors
+        (per-head parameters, on this module's device), reading nothing whose size grows with the
+        sequence; its functions must equal the tables on every causal score (the contract tests
+        compare values and gradients). ``None`` (the default) makes a fused kernel gather the
+        distance tables instead.
+        """
+        return None
 
     # --- portable description ---------------------------------------------------------------
     def export_terms(self) -> dict[str, dict[str, Any]]:
@@ -213,14 +233,7 @@ class PositionalEmbedding(nn.Module):
     # --- monitoring -------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
         """Summary statistics of learnable parameters (mean/std/min/max per tensor); empty if none."""
-        stats: dict[str, float] = {}
-        for name, param in self.named_parameters():
-            values = param.detach().float().flatten()
-            stats[f"{name}/mean"] = values.mean().item()
-            stats[f"{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
-            stats[f"{name}/min"] = values.min().item()
-            stats[f"{name}/max"] = values.max().item()
-        return stats
+        return parameter_statistics(self.named_parameters())
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
         """Apply ``fn`` (device moves, dtype casts) but keep float32 tensors in float32.

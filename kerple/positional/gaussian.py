@@ -17,17 +17,30 @@ straight-through as in :mod:`kerple.positional.kerple`.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from kerple.positional.base import PositionKind
 from kerple.positional.functional import distance_power
-from kerple.positional.kerple import MAX_EXPONENT, MIN_VALUE, LearnableKernel
+from kerple.positional.kerple import MAX_EXPONENT, MIN_VALUE, LearnableKernel, power_weight
 
 _COEFFICIENT = (1.0, MIN_VALUE, None)
 _POWER = (2.0, MIN_VALUE, MAX_EXPONENT)
 _AMPLITUDE = (2.0, MIN_VALUE, None)
+
+
+def squared_weight(params: dict[str, torch.Tensor], distance: torch.Tensor) -> torch.Tensor:
+    """1-para-wht: ``exp(-r1 * d^2)``, r1 = ``wei_a``."""
+    return torch.exp(-params["wei_a"] * distance.square())
+
+
+def squared_bias(params: dict[str, torch.Tensor], distance: torch.Tensor) -> torch.Tensor:
+    """2-para-bias: ``r1 * exp(-r2 * d^2)``, r1 = ``bias_scale``, r2 = ``bias_a``."""
+    return params["bias_scale"] * torch.exp(-params["bias_a"] * distance.square())
+
+
+def power_bias(params: dict[str, torch.Tensor], distance: torch.Tensor) -> torch.Tensor:
+    """3-para-bias: ``r1 * exp(-r2 * d^r3)``, r1 = ``bias_scale``, r2 = ``bias_a``, r3 = ``bias_p``."""
+    return params["bias_scale"] * torch.exp(-(params["bias_a"] * distance_power(distance, params["bias_p"])))
 
 
 class GaussWeight1(LearnableKernel):
@@ -35,15 +48,8 @@ class GaussWeight1(LearnableKernel):
 
     kind = PositionKind.WEIGHT
     parameter_specs = {"wei_a": _COEFFICIENT}
-
-    def distance_tables(
-        self, k_len: int, device: torch.device | None = None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        distance = self.distances(k_len, device)
-        return None, torch.exp(-self.effective("wei_a") * distance.square())
-
-    def export_terms(self) -> dict[str, dict[str, Any]]:
-        return {"weight": {"form": "exp", "a": self.tensor_reference("wei_a"), "p": 2}}
+    scale_formula = staticmethod(squared_weight)
+    scale_export = ("exp", {"a": "wei_a", "p": 2})
 
 
 class GaussWeight2(LearnableKernel):
@@ -51,16 +57,8 @@ class GaussWeight2(LearnableKernel):
 
     kind = PositionKind.WEIGHT
     parameter_specs = {"wei_p": _POWER, "wei_a": _COEFFICIENT}
-
-    def distance_tables(
-        self, k_len: int, device: torch.device | None = None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        distance = self.distances(k_len, device)
-        decay = self.effective("wei_a") * distance_power(distance, self.effective("wei_p"))
-        return None, torch.exp(-decay)
-
-    def export_terms(self) -> dict[str, dict[str, Any]]:
-        return {"weight": {"form": "exp", "a": self.tensor_reference("wei_a"), "p": self.tensor_reference("wei_p")}}
+    scale_formula = staticmethod(power_weight)  # the same function as kerple_wht
+    scale_export = ("exp", {"a": "wei_a", "p": "wei_p"})
 
 
 class GaussBias2(LearnableKernel):
@@ -68,16 +66,8 @@ class GaussBias2(LearnableKernel):
 
     kind = PositionKind.BIAS
     parameter_specs = {"bias_scale": _AMPLITUDE, "bias_a": _COEFFICIENT}
-
-    def distance_tables(
-        self, k_len: int, device: torch.device | None = None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        distance = self.distances(k_len, device)
-        return self.effective("bias_scale") * torch.exp(-self.effective("bias_a") * distance.square()), None
-
-    def export_terms(self) -> dict[str, dict[str, Any]]:
-        amplitude = {"s": self.tensor_reference("bias_scale"), "a": self.tensor_reference("bias_a")}
-        return {"bias": {"form": "exp", **amplitude, "p": 2}}
+    bias_formula = staticmethod(squared_bias)
+    bias_export = ("exp", {"s": "bias_scale", "a": "bias_a", "p": 2})
 
 
 class GaussBias3(LearnableKernel):
@@ -88,14 +78,5 @@ class GaussBias3(LearnableKernel):
 
     kind = PositionKind.BIAS
     parameter_specs = {"bias_scale": _AMPLITUDE, "bias_p": _POWER, "bias_a": _COEFFICIENT}
-
-    def distance_tables(
-        self, k_len: int, device: torch.device | None = None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        distance = self.distances(k_len, device)
-        decay = self.effective("bias_a") * distance_power(distance, self.effective("bias_p"))
-        return self.effective("bias_scale") * torch.exp(-decay), None
-
-    def export_terms(self) -> dict[str, dict[str, Any]]:
-        names = {"s": "bias_scale", "a": "bias_a", "p": "bias_p"}
-        return {"bias": {"form": "exp", **{key: self.tensor_reference(name) for key, name in names.items()}}}
+    bias_formula = staticmethod(power_bias)
+    bias_export = ("exp", {"s": "bias_scale", "a": "bias_a", "p": "bias_p"})

@@ -17,18 +17,29 @@ in the order ``bias_p, bias_a, wei_p, wei_a`` (so seeded runs draw the same valu
 uses clamped values (every ``a >= 0.01``, power exponents in ``[0.01, 2]``, the log variant's r1
 ``>= 0.01``) with the gradient passed straight through (see :func:`straight_through_clamp`). All
 math is fp32 (the reference uses bf16 distances; docs/reference-format.md §2).
+
+Each variant is written once, as a *formula* of its parameters and the distance that broadcasts:
+the distance tables evaluate it with ``[H, 1]`` parameters and ``[1, L]`` distances, fused kernels
+with the parameters of one head and one score's distance (the closed form of
+:meth:`LearnableKernel.logit_term`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from kerple.positional.alibi import alibi_slopes
+from kerple.positional.alibi import alibi_slopes, linear_bias
 from kerple.positional.base import PositionalEmbedding, PositionKind, global_head_indices
 from kerple.positional.functional import distance_power, distance_vector, straight_through_clamp
+from kerple.positional.logit_term import LogitTerm, per_head_term
+
+Formula = Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
+# A term's form in the Hugging Face export: (form of modeling_kerple.py, {its parameter: a parameter
+# name of the family, or a number}); see PositionalEmbedding.export_terms
+ExportForm = tuple[str, dict[str, Any]]
 
 MIN_VALUE = 0.01
 MAX_EXPONENT = 2.0
@@ -41,11 +52,21 @@ class LearnableKernel(PositionalEmbedding):
     clamp_max)``; each parameter is ``init_scale * U(0, 1)`` of shape ``[H, 1, 1]``, created in
     the listed order. :meth:`effective` returns the clamped (straight-through) value as float32
     ``[H, 1]``. Only the distance vector is cached.
+
+    The terms are the static ``bias_formula`` and ``scale_formula`` (either may be ``None``): each
+    maps ``{name: parameter}`` and the float32 distance to the term, reading the parameters named
+    ``bias_*`` (the bias) or ``wei_*`` (the weight, i.e. the logit scale), the reference's naming.
+    ``bias_export`` and ``scale_export`` name the same formulas for the Hugging Face export
+    (:meth:`export_terms`).
     """
 
     state_dict_name = "rpe"
     learnable = True
     parameter_specs: dict[str, tuple[float, float, float | None]] = {}
+    bias_formula: Formula | None = None
+    scale_formula: Formula | None = None
+    bias_export: ExportForm | None = None
+    scale_export: ExportForm | None = None
 
     def __init__(self, *, num_heads: int, head_dim: int, hidden_size: int, max_positions: int) -> None:
         super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
@@ -64,6 +85,16 @@ class LearnableKernel(PositionalEmbedding):
         _, low, high = self.parameter_specs[name]
         return {"tensor": name, "min": low} if high is None else {"tensor": name, "min": low, "max": high}
 
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        """``bias_export`` as the ``bias`` term and ``scale_export`` as the ``weight`` term."""
+        terms = {}
+        for place, export in (("bias", self.bias_export), ("weight", self.scale_export)):
+            if export is not None:
+                form, parameters = export
+                values = {key: self.tensor_reference(value) if isinstance(value, str) else value for key, value in parameters.items()}
+                terms[place] = {"form": form, **values}
+        return terms
+
     def distances(self, k_len: int, device: torch.device | None = None) -> torch.Tensor:
         """Float32 ``[1, k_len]`` distances ``0..k_len-1``, cached per (k_len, device)."""
         device = torch.device(device) if device is not None else self._device()
@@ -72,6 +103,31 @@ class LearnableKernel(PositionalEmbedding):
             cache = (k_len, device, distance_vector(k_len, device)[None, :])
             self._distance_cache = cache
         return cache[2]
+
+    def _term_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Parameter names read by the bias (``bias_*``) and by the logit scale (``wei_*``)."""
+        bias = tuple(name for name in self.parameter_specs if name.startswith("bias_"))
+        scale = tuple(name for name in self.parameter_specs if name.startswith("wei_"))
+        return bias, scale
+
+    def distance_tables(
+        self, k_len: int, device: torch.device | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The formulas with ``[H, 1]`` parameters at distances ``[1, k_len]``: float32 ``[H, k_len]``."""
+        distance = self.distances(k_len, device)
+        tables = []
+        for formula, names in zip((self.bias_formula, self.scale_formula), self._term_names()):
+            params = {name: self.effective(name) for name in names}  # each [H, 1]
+            tables.append(None if formula is None else formula(params, distance))
+        return tables[0], tables[1]
+
+    def logit_term(self) -> LogitTerm:
+        """The formulas per score, reading the effective parameters ``[H]`` (captured tensors)."""
+        bias_names, scale_names = self._term_names()
+        tensors = tuple(self.effective(name).reshape(self.num_heads) for name in bias_names + scale_names)
+        bias = None if self.bias_formula is None else per_head_term(self.bias_formula, bias_names)
+        scale = None if self.scale_formula is None else per_head_term(self.scale_formula, scale_names, len(bias_names))
+        return LogitTerm(tensors, bias=bias, scale=scale)
 
     def metrics(self) -> dict[str, float]:
         """Per-head effective values (``bias_p/head3``) and their mean/std/min/max per parameter."""
@@ -87,6 +143,26 @@ class LearnableKernel(PositionalEmbedding):
         return stats
 
 
+def log_bias(params: dict[str, torch.Tensor], distance: torch.Tensor) -> torch.Tensor:
+    """``-r1 * log(1 + r2 * d)`` (KERPLE paper §4, logarithmic), r1 = ``bias_p``, r2 = ``bias_a``."""
+    return -params["bias_p"] * torch.log1p(params["bias_a"] * distance)
+
+
+def log3_bias(params: dict[str, torch.Tensor], distance: torch.Tensor) -> torch.Tensor:
+    """``-r1 * log(1 + r2 * d^r3)`` (KERPLE paper §5.3, 3-para-log), r3 = ``bias_pow``."""
+    return -params["bias_p"] * torch.log1p(params["bias_a"] * distance_power(distance, params["bias_pow"]))
+
+
+def power_bias(params: dict[str, torch.Tensor], distance: torch.Tensor) -> torch.Tensor:
+    """``-(d^p * a)`` with p = ``bias_p``, a = ``bias_a`` (KERPLE paper §4, power; NeoX order)."""
+    return -(distance_power(distance, params["bias_p"]) * params["bias_a"])
+
+
+def power_weight(params: dict[str, torch.Tensor], distance: torch.Tensor) -> torch.Tensor:
+    """``exp(-(d^p * a))`` with p = ``wei_p``, a = ``wei_a`` (KERPLE paper §5.3, the weight kernel)."""
+    return torch.exp(-(distance_power(distance, params["wei_p"]) * params["wei_a"]))
+
+
 class KerpleLog(LearnableKernel):
     """``kerple_log``: bias ``-r1 * log(1 + r2 * d)``, r1 = ``bias_p``, r2 = ``bias_a`` (paper §4).
 
@@ -95,16 +171,8 @@ class KerpleLog(LearnableKernel):
 
     kind = PositionKind.BIAS
     parameter_specs = {"bias_p": (2.0, MIN_VALUE, None), "bias_a": (1.0, MIN_VALUE, None)}
-
-    def distance_tables(
-        self, k_len: int, device: torch.device | None = None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        distance = self.distances(k_len, device)
-        r1, r2 = self.effective("bias_p"), self.effective("bias_a")
-        return -r1 * torch.log1p(r2 * distance), None
-
-    def export_terms(self) -> dict[str, dict[str, Any]]:
-        return {"bias": {"form": "log", "a": self.tensor_reference("bias_p"), "b": self.tensor_reference("bias_a")}}
+    bias_formula = staticmethod(log_bias)
+    bias_export = ("log", {"a": "bias_p", "b": "bias_a"})
 
 
 class KerpleLog3(LearnableKernel):
@@ -122,68 +190,31 @@ class KerpleLog3(LearnableKernel):
         "bias_a": (1.0, MIN_VALUE, None),
         "bias_pow": (2.0, MIN_VALUE, MAX_EXPONENT),
     }
-
-    def distance_tables(
-        self, k_len: int, device: torch.device | None = None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        distance = self.distances(k_len, device)
-        r1, r2, r3 = self.effective("bias_p"), self.effective("bias_a"), self.effective("bias_pow")
-        return -r1 * torch.log1p(r2 * distance_power(distance, r3)), None
-
-    def export_terms(self) -> dict[str, dict[str, Any]]:
-        names = {"a": "bias_p", "b": "bias_a", "p": "bias_pow"}
-        return {"bias": {"form": "log", **{key: self.tensor_reference(name) for key, name in names.items()}}}
-
-
-class KerplePowerFamily(LearnableKernel):
-    """The reference's ``ParallelKerplePower``: ``logits * exp(-wei_a * d^wei_p) + (-bias_a * d^bias_p)``.
-
-    Subclasses pick which parameters exist (the ``_X_Y`` suffix of the reference string: X for the
-    bias, Y for the weight). Every ``a`` is clamped ``>= 0.01``, every ``p`` to ``[0.01, 2]``.
-    A term without any parameter is absent (its table is ``None``).
-    """
-
-    def _power_term(self, prefix: str, distance: torch.Tensor) -> torch.Tensor | None:
-        has_p, has_a = f"{prefix}_p" in self.parameter_specs, f"{prefix}_a" in self.parameter_specs
-        if not (has_p or has_a):
-            return None
-        term = distance_power(distance, self.effective(f"{prefix}_p")) if has_p else distance
-        return term * self.effective(f"{prefix}_a") if has_a else term.expand(self.num_heads, -1)
-
-    def distance_tables(
-        self, k_len: int, device: torch.device | None = None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        distance = self.distances(k_len, device)
-        bias_term, weight_term = self._power_term("bias", distance), self._power_term("wei", distance)
-        bias = None if bias_term is None else -bias_term
-        scale = None if weight_term is None else torch.exp(-weight_term)
-        return bias, scale
-
-    def export_terms(self) -> dict[str, dict[str, Any]]:
-        """The bias ``-a * d^p`` (form ``power``) and the weight ``exp(-a * d^p)`` (form ``exp``)."""
-        terms = {}
-        for place, prefix, form in (("bias", "bias", "power"), ("weight", "wei", "exp")):
-            present = [key for key in ("a", "p") if f"{prefix}_{key}" in self.parameter_specs]
-            if present:
-                terms[place] = {"form": form, "a": 1.0, **{key: self.tensor_reference(f"{prefix}_{key}") for key in present}}
-        return terms
+    bias_formula = staticmethod(log3_bias)
+    bias_export = ("log", {"a": "bias_p", "b": "bias_a", "p": "bias_pow"})
 
 
 _POWER = (2.0, MIN_VALUE, MAX_EXPONENT)
 _COEFFICIENT = (1.0, MIN_VALUE, None)
+_POWER_BIAS_EXPORT = ("power", {"a": "bias_a", "p": "bias_p"})
+_POWER_WEIGHT_EXPORT = ("exp", {"a": "wei_a", "p": "wei_p"})
 
 
-class KerplePower(KerplePowerFamily):
+class KerplePower(LearnableKernel):
     """``kerple_power`` (reference ``kerple_power_ap_``; paper §4 power): bias ``-r1 * d^r2``.
 
     r1 = ``bias_a`` (``>= 0.01``), r2 = ``bias_p`` (``[0.01, 2]``): NeoX's ``-bias_a * d**bias_p``.
+    The reference's ``ParallelKerplePower`` with its ``_X_Y`` suffix naming which of the bias (X)
+    and weight (Y) parameters exist; every ``a`` is clamped ``>= 0.01``, every ``p`` to ``[0.01, 2]``.
     """
 
     kind = PositionKind.BIAS
     parameter_specs = {"bias_p": _POWER, "bias_a": _COEFFICIENT}
+    bias_formula = staticmethod(power_bias)
+    bias_export = _POWER_BIAS_EXPORT
 
 
-class KerpleBiasWeight(KerplePowerFamily):
+class KerpleBiasWeight(LearnableKernel):
     """``kerple_bias_wht`` (reference ``kerple_power_ap_ap``; paper §5.3 bias+wht).
 
     ``logits * exp(-r3 * d^r4) + (-r1 * d^r2)`` with r1 = ``bias_a``, r2 = ``bias_p``,
@@ -192,9 +223,12 @@ class KerpleBiasWeight(KerplePowerFamily):
 
     kind = PositionKind.WEIGHT
     parameter_specs = {"bias_p": _POWER, "bias_a": _COEFFICIENT, "wei_p": _POWER, "wei_a": _COEFFICIENT}
+    bias_formula = staticmethod(power_bias)
+    scale_formula = staticmethod(power_weight)
+    bias_export, scale_export = _POWER_BIAS_EXPORT, _POWER_WEIGHT_EXPORT
 
 
-class KerpleWeight(KerplePowerFamily):
+class KerpleWeight(LearnableKernel):
     """``kerple_wht`` (reference ``kerple_power__ap``): ``logits * exp(-r1 * d^r2)``, no bias.
 
     r1 = ``wei_a`` (``>= 0.01``), r2 = ``wei_p`` (``[0.01, 2]``). Same function as Appendix A.3's
@@ -203,6 +237,8 @@ class KerpleWeight(KerplePowerFamily):
 
     kind = PositionKind.WEIGHT
     parameter_specs = {"wei_p": _POWER, "wei_a": _COEFFICIENT}
+    scale_formula = staticmethod(power_weight)
+    scale_export = _POWER_WEIGHT_EXPORT
 
 
 class KerplePowerOriginal(PositionalEmbedding):
@@ -235,12 +271,20 @@ class KerplePowerOriginal(PositionalEmbedding):
         local = torch.tensor([slopes[h] for h in heads], dtype=torch.float32)
         self.register_buffer("bias_a", local[:, None, None])
 
+    def _slopes(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """``max(bias_a, 0.01)`` as float32 ``[H]``."""
+        return self.bias_a.to(device, torch.float32).reshape(self.num_heads).clamp(min=MIN_VALUE)
+
     def distance_tables(
         self, k_len: int, device: torch.device | None = None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         distance = distance_vector(k_len, device)[None, :]
-        slopes = self.bias_a.to(distance.device, torch.float32).reshape(self.num_heads, 1).clamp(min=MIN_VALUE)
-        return -slopes * distance, None
+        return -self._slopes(distance.device)[:, None] * distance, None
+
+    def logit_term(self) -> LogitTerm:
+        """``-max(slope_h, 0.01) * d`` per score from the ``[H]`` slopes."""
+        return LogitTerm((self._slopes(),), bias=per_head_term(linear_bias, ("slope",)))
 
     def export_terms(self) -> dict[str, dict[str, Any]]:
+        """``-a * d`` with ``a = max(bias_a, 0.01)``."""
         return {"bias": {"form": "power", "a": {"tensor": "bias_a", "min": MIN_VALUE}}}

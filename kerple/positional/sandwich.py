@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from kerple.positional.base import PositionalEmbedding, PositionKind, global_head_indices
+from kerple.positional.logit_term import LogitTerm, per_head_term
 from kerple.positional.options import must_be_even, option
 
 SMOOTHING_POINTS = 50
@@ -115,11 +116,18 @@ def fit_log_curve(distance: torch.Tensor, values: torch.Tensor) -> tuple[torch.T
     return -slope, intercept
 
 
+def smoothed_bias(params: dict[str, torch.Tensor], distance: torch.Tensor) -> torch.Tensor:
+    """``-α·log(1+d) + β`` (thesis §4.6.2), ``α = params["alpha"]``, ``β = params["beta"]``."""
+    return -params["alpha"] * torch.log1p(distance) + params["beta"]
+
+
 class SmoothedSandwich(Sandwich):
     """``sandwich_smoothed``: per-head fitted log curve ``-α_h·log(1+d) + β_h`` (thesis §4.6.2).
 
     α and β are fitted once at construction on ``d = 0..49`` of the head's Sandwich bias and kept
-    as non-persistent float64 attributes (exposed as :attr:`alpha`, :attr:`beta`).
+    as non-persistent float64 attributes (exposed as :attr:`alpha`, :attr:`beta`). The tables are
+    computed in float64; the closed form (:meth:`logit_term`) in float32 from α and β rounded to
+    float32, which differs from the float32-rounded table by a few float32 ulps.
     """
 
     def __init__(self, **shape_and_options: Any) -> None:
@@ -130,7 +138,13 @@ class SmoothedSandwich(Sandwich):
 
     def _table64(self, distance: torch.Tensor) -> torch.Tensor:
         alpha, beta = self.alpha.to(distance.device), self.beta.to(distance.device)
-        return -alpha[:, None] * torch.log1p(distance)[None, :] + beta[:, None]
+        return smoothed_bias({"alpha": alpha[:, None], "beta": beta[:, None]}, distance[None, :])
+
+    def logit_term(self) -> LogitTerm:
+        """``-α_h·log(1+d) + β_h`` per score from float32 ``[H]`` copies of α and β."""
+        device = self.compression_ratio.device
+        tensors = (self.alpha.to(device, torch.float32), self.beta.to(device, torch.float32))
+        return LogitTerm(tensors, bias=per_head_term(smoothed_bias, ("alpha", "beta")))
 
     def export_terms(self) -> dict[str, dict[str, Any]]:
         """``-a * log(1 + b * d) + offset`` with ``a = α``, ``b = 1``, ``offset = β``, in float64."""
@@ -138,4 +152,7 @@ class SmoothedSandwich(Sandwich):
         return {"bias": {"form": "log", **curve, "float64": True}}
 
 
-__all__ = ["Sandwich", "SandwichOptions", "SmoothedSandwich", "compression_ratios", "fit_log_curve", "sandwich_profile"]
+__all__ = [
+    "Sandwich", "SandwichOptions", "SmoothedSandwich", "compression_ratios", "fit_log_curve", "sandwich_profile",
+    "smoothed_bias",
+]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -20,9 +20,7 @@ from torch import nn
 from tqdm import tqdm
 
 from kerple.regular_languages.tasks import Task, TaskError, sample_batch
-
-ARCHS: tuple[str, ...] = ("regulargpt", "transformer", "rnn")
-
+from kerple.regular_languages.thesis import TABLE_6_1, thesis_column
 
 @dataclass
 class RunSettings:
@@ -33,6 +31,7 @@ class RunSettings:
     transformer_layers: int = 3
     chunk_size: int = 2
     thickness: int = 1
+    padding: str = "pad"
     pos_emb: str = "rpe"
     steps: int = 1000
     batch_size: int = 64
@@ -40,6 +39,10 @@ class RunSettings:
     eval_samples: int = 100
     eval_batch: int = 50
     probability: float = 0.5
+    stop_loss: float = 0.0  # stop once the mean loss of the last STOP_WINDOW steps is below (0: never)
+
+
+STOP_WINDOW = 100
 
 
 class LSTMClassifier(nn.Module):
@@ -55,32 +58,55 @@ class LSTMClassifier(nn.Module):
         return self.head(self.lstm(self.embedding(tokens))[0])  # [b, T, vocab]
 
 
+def regular_gpt(task: Task, settings: RunSettings) -> nn.Module:
+    """RegularGPT (thesis ch. 6) with the run's chunk size, thickness and padding."""
+    from kerple.model.regular import RegularGPT
+
+    return RegularGPT(
+        chunk_size=settings.chunk_size, thickness=settings.thickness, hidden_size=settings.hidden_size,
+        num_attention_heads=settings.num_heads, padded_vocab_size=classifier_vocab(task), padding=settings.padding,
+    )
+
+
+def transformer(task: Task, settings: RunSettings) -> nn.Module:
+    """A GPT-NeoX decoder of ``transformer_layers`` layers with a relative embedding from the registry."""
+    from kerple import positional
+    from kerple.model import GPTModel
+
+    embedding = positional.build(
+        settings.pos_emb, num_heads=settings.num_heads, head_dim=settings.hidden_size // settings.num_heads,
+        hidden_size=settings.hidden_size, max_positions=task.train_max_length,
+    )
+    return GPTModel(
+        num_layers=settings.transformer_layers, hidden_size=settings.hidden_size,
+        num_attention_heads=settings.num_heads, padded_vocab_size=classifier_vocab(task), positional=embedding,
+        hidden_dropout=0.0, attention_dropout=0.0, attention_impl="auto", flex_compile=False,
+    )
+
+
+def lstm(task: Task, settings: RunSettings) -> nn.Module:
+    """``torch.nn.LSTM`` of width ``hidden_size``."""
+    return LSTMClassifier(classifier_vocab(task), settings.hidden_size)
+
+
+CLASSIFIERS: dict[str, Callable[[Task, RunSettings], nn.Module]] = {
+    "regulargpt": regular_gpt,
+    "transformer": transformer,
+    "rnn": lstm,
+}
+ARCHS: tuple[str, ...] = tuple(CLASSIFIERS)
+
+
+def classifier_vocab(task: Task) -> int:
+    """Output rows: the symbols are read in, the classes read out of the same rows."""
+    return max(task.num_symbols, task.num_classes)
+
+
 def build_classifier(arch: str, task: Task, settings: RunSettings) -> nn.Module:
     """A model whose ``forward(tokens [b, T])`` returns ``[b, T, V]`` with ``V >= num_classes``."""
-    vocab = max(task.num_symbols, task.num_classes)
-    if arch == "rnn":
-        return LSTMClassifier(vocab, settings.hidden_size)
-    if arch == "regulargpt":
-        from kerple.model.regular import RegularGPT
-
-        return RegularGPT(
-            chunk_size=settings.chunk_size, thickness=settings.thickness, hidden_size=settings.hidden_size,
-            num_attention_heads=settings.num_heads, padded_vocab_size=vocab,
-        )
-    if arch == "transformer":
-        from kerple import positional
-        from kerple.model import GPTModel
-
-        embedding = positional.build(
-            settings.pos_emb, num_heads=settings.num_heads, head_dim=settings.hidden_size // settings.num_heads,
-            hidden_size=settings.hidden_size, max_positions=task.train_max_length,
-        )
-        return GPTModel(
-            num_layers=settings.transformer_layers, hidden_size=settings.hidden_size,
-            num_attention_heads=settings.num_heads, padded_vocab_size=vocab, positional=embedding,
-            hidden_dropout=0.0, attention_dropout=0.0, attention_impl="auto", flex_compile=False,
-        )
-    raise TaskError(f"unknown --arch {arch!r}; choose one of {', '.join(ARCHS)}")
+    if arch not in CLASSIFIERS:
+        raise TaskError(f"unknown --arch {arch!r}; choose one of {', '.join(ARCHS)}")
+    return CLASSIFIERS[arch](task, settings)
 
 
 def final_logits(model: nn.Module, tokens: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -89,7 +115,8 @@ def final_logits(model: nn.Module, tokens: torch.Tensor, num_classes: int) -> to
 
 
 def train(model: nn.Module, task: Task, settings: RunSettings, rng: np.random.Generator, progress: bool) -> list[float]:
-    """``settings.steps`` Adam steps on lengths drawn uniformly from ``1..train_max_length``; the losses."""
+    """Up to ``settings.steps`` Adam steps on lengths drawn uniformly from ``1..train_max_length``,
+    stopping early once the training loss is below ``settings.stop_loss``; the losses."""
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.learning_rate)
     model.train()
     losses = []
@@ -102,6 +129,8 @@ def train(model: nn.Module, task: Task, settings: RunSettings, rng: np.random.Ge
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
+        if settings.stop_loss and len(losses) >= STOP_WINDOW and np.mean(losses[-STOP_WINDOW:]) < settings.stop_loss:
+            break
     return losses
 
 
@@ -141,7 +170,7 @@ def run(task: Task, arch: str, seed: int, settings: RunSettings, lengths: list[i
         "mean_accuracy": float(np.mean(list(accuracy.values()))),
         "train_length_accuracy": in_distribution[task.train_max_length],
         "final_loss": float(np.mean(losses[-50:])),
-        "steps": settings.steps,
+        "steps": len(losses),
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_seconds": trained - started,
         "test_seconds": time.perf_counter() - trained,
@@ -150,25 +179,37 @@ def run(task: Task, arch: str, seed: int, settings: RunSettings, lengths: list[i
 
 
 def summary_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Table 6.1's Max/Avg over seeds of ``mean_accuracy`` (in %), one row per (task, arch)."""
-    groups: dict[tuple[str, str], list[float]] = {}
+    """Table 6.1's Max/Avg over seeds of ``mean_accuracy`` (in %), one row per (task, arch), with
+    the thesis' numbers for the same column where it has one."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for record in results:
-        groups.setdefault((record["task"], record["arch"]), []).append(100.0 * record["mean_accuracy"])
-    return [
-        {"task": task, "arch": arch, "seeds": len(values), "max": max(values), "avg": float(np.mean(values))}
-        for (task, arch), values in groups.items()
-    ]
+        groups.setdefault((record["task"], record["arch"]), []).append(record)
+    rows = []
+    for (task, arch), records in groups.items():
+        values = [100.0 * record["mean_accuracy"] for record in records]
+        column = thesis_column(arch, int(records[0]["settings"]["chunk_size"]))
+        rows.append({
+            "task": task, "arch": arch, "seeds": len(values), "max": max(values), "avg": float(np.mean(values)),
+            "thesis": TABLE_6_1.get(task, {}).get(column) if column else None,
+        })
+    return rows
 
 
 def summary_table(rows: list[dict[str, Any]]) -> str:
-    """A markdown table: one row per task, one ``Max / Avg`` column per model."""
+    """A markdown table: one row per task; per model, ``Max / Avg (seeds)`` and the thesis' Max / Avg."""
     archs = list(dict.fromkeys(row["arch"] for row in rows))
     tasks = list(dict.fromkeys(row["task"] for row in rows))
-    cells = {(row["task"], row["arch"]): f"{row['max']:.1f} / {row['avg']:.1f} ({row['seeds']})" for row in rows}
-    lines = ["| task | " + " | ".join(f"{arch} Max / Avg (seeds)" for arch in archs) + " |"]
-    lines.append("|---" * (len(archs) + 1) + "|")
+    cells = {(row["task"], row["arch"]): row for row in rows}
+    header = "| task | " + " | ".join(f"{arch}: ours Max / Avg (seeds) | {arch}: thesis" for arch in archs) + " |"
+    lines = [header, "|---" * (2 * len(archs) + 1) + "|"]
     for task in tasks:
-        lines.append(f"| {task} | " + " | ".join(cells.get((task, arch), "-") for arch in archs) + " |")
+        parts = []
+        for arch in archs:
+            row = cells.get((task, arch))
+            ours = "-" if row is None else f"{row['max']:.1f} / {row['avg']:.1f} ({row['seeds']})"
+            thesis = row and row.get("thesis")
+            parts += [ours, f"{thesis[0]:.1f} / {thesis[1]:.1f}" if thesis else "-"]
+        lines.append(f"| {task} | " + " | ".join(parts) + " |")
     return "\n".join(lines)
 
 

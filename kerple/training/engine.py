@@ -84,10 +84,11 @@ def initialize_engine(model: nn.Module, optimizer: torch.optim.Optimizer, schedu
 
 def _register_external_parameters(model: nn.Module) -> None:
     """ZeRO-3 gathers a module's own parameters around its ``forward``; the model's forward also
-    reads the shared positional parameters (distance tables) and the LM-head weight directly, so
-    they are registered with ``deepspeed.zero.register_external_parameter`` on the model."""
+    reads some parameters outside their owner's forward (the shared positional parameters, the
+    LM-head weight: :meth:`~kerple.model.Decoder.shared_parameters`), so they are registered with
+    ``deepspeed.zero.register_external_parameter`` on the model."""
     import deepspeed
 
-    external = list(model.positional.parameters()) + [model.lm_head_weight]
+    external = model.shared_parameters()
     for parameter in {id(p): p for p in external}.values():
         deepspeed.zero.register_external_parameter(model, parameter)

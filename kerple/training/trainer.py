@@ -336,8 +336,8 @@ class Trainer:
         self.monitor.record(self.iteration, {"lm_loss": value, "lm_loss_ppl": ppl}, "validation")
 
     def _log_progress(self, loss: float, lr: float, tokens_per_step: int, step_time: float, mean_time: float) -> None:
-        with gathered(list(self.model.positional.parameters()), self.zero3):
-            positional = self.model.positional.metrics()
+        with gathered(self.model.positional_parameters(), self.zero3):
+            positional = self.model.positional_metrics()
         grad_norm = self.engine.get_global_grad_norm()
         grad_norm = float(grad_norm) if grad_norm is not None else None
         tokens_per_s = tokens_per_step / step_time if step_time > 0 else float("nan")

@@ -34,10 +34,10 @@ WORKER = textwrap.dedent(
     from kerple.checkpoint import NeoxAdapter, ShardSpec, merge_model_parallel
     from kerple.model import build_model
     from kerple.parallel.groups import init_distributed, teardown
-    from kerple.parallel.tensor_parallel import gather_vocab_parallel, parallelize, vocab_parallel_loss
+    from kerple.parallel.tensor_parallel import parallelize, vocab_parallel_loss
     from kerple.training.loss import cross_entropy
     from kerple.training.trainer import Trainer
-    from tiny_run import tiny_config, train
+    from tiny_run import gather_vocab_parallel, tiny_config, train
     corpus, out, save_tp1, save_tp2 = {corpus!r}, {out!r}, {save_tp1!r}, {save_tp2!r}
     parallel = init_distributed(2, 1)
     report = {{"equivalence": {{}}}}

@@ -28,9 +28,10 @@ def test_table_settings_load_with_table_6_6_sizes(chunk: int, thickness: int) ->
     assert (model.arch, model.regular_chunk_size, model.regular_thickness) == ("regulargpt", chunk, thickness)
     assert (model.hidden_size, model.num_attention_heads, model.seq_length) == (768, 12, 512)
     # Table 6.6: 81M (K = 6) or 123M (K = 12) parameters. Tied embeddings V·h plus K blocks of
-    # 12h² + 13h + H·C, plus the final LayerNorm 2h (V = 50304, the padded GPT-2 vocabulary).
+    # 12h² + 13h + H·C, plus the final LayerNorm 2h (V = 50304, the padded GPT-2 vocabulary) and the
+    # PAD embedding h of the visible padding (§6.2.1).
     h, vocab = 768, 50304
-    expected = vocab * h + thickness * (12 * h * h + 13 * h + 12 * chunk) + 2 * h
+    expected = vocab * h + thickness * (12 * h * h + 13 * h + 12 * chunk) + 2 * h + h
     assert round(expected / 1e6) == {6: 81, 12: 124}[thickness]  # the thesis rounds 123.7M down to 123M
     built = build_model(cfg, flex_compile=False)
     assert sum(p.numel() for p in built.parameters()) == expected
@@ -64,5 +65,5 @@ def test_tiny_config_trains_and_evaluates(tmp_path: Path) -> None:
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "RegularGPT" in done.stderr and "Traceback" not in done.stderr
+    assert "model.arch regulargpt takes no softmax temperature" in done.stderr and "Traceback" not in done.stderr
     assert not refused.exists()

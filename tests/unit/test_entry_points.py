@@ -114,8 +114,8 @@ def test_compare_runs_reports_a_file_that_is_not_a_result(tmp_path: Path, capsys
     [
         (training_cli.train_main, training_cli, "load_config", [*TINY, "--dry-run"]),
         (training_cli.deepy_main, training_cli, "load_config", ["train.py", *TINY]),
-        (evaluate_cli.main, evaluate_cli, "load_config", [*TINY, "--eval-lengths", "64", "--output", "r.json"]),
-        (generate_module.main, generate_module, "load_config", [*TINY, "--load", "ckpt", "--prompt", "x"]),
+        (evaluate_cli.main, evaluate_cli, "run_config", [*TINY, "--eval-lengths", "64", "--output", "r.json"]),
+        (generate_module.main, generate_module, "run_config", [*TINY, "--load", "ckpt", "--prompt", "x"]),
         (preprocess.main, preprocess, "run", ["stdlib"]),
     ],
     ids=["train", "deepy", "evaluate", "generate", "prepare_data"],

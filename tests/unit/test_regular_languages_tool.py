@@ -20,15 +20,39 @@ def load_tool():
     return module
 
 
-def test_max_and_avg_over_seeds() -> None:
+def test_max_and_avg_over_seeds_beside_the_thesis() -> None:
+    settings = {"chunk_size": 2}
     records = [
-        {"task": "parity_check", "arch": "rnn", "mean_accuracy": value} for value in (1.0, 0.5, 0.75)
-    ] + [{"task": "parity_check", "arch": "regulargpt", "mean_accuracy": 0.6}]
+        {"task": "parity_check", "arch": "rnn", "mean_accuracy": value, "settings": settings} for value in (1.0, 0.5, 0.75)
+    ] + [{"task": "parity_check", "arch": "regulargpt", "mean_accuracy": 0.6, "settings": settings}]
     rows = {(r["task"], r["arch"]): r for r in summary_rows(records)}
     assert rows["parity_check", "rnn"]["max"] == pytest.approx(100.0)
     assert rows["parity_check", "rnn"]["avg"] == pytest.approx(75.0)
     assert rows["parity_check", "rnn"]["seeds"] == 3
-    assert "| parity_check | 100.0 / 75.0 (3) | 60.0 / 60.0 (1) |" in summary_table(list(rows.values()))
+    # thesis Table 6.1, Parity Check: RNN 100.0 / 98.9, RegularGPT C = 2 100.0 / 100.0
+    table = summary_table(list(rows.values()))
+    assert "| parity_check | 100.0 / 75.0 (3) | 100.0 / 98.9 | 60.0 / 60.0 (1) | 100.0 / 100.0 |" in table
+
+
+def test_table61_runs_every_task_and_resume_skips_what_is_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tool = load_tool()
+    calls = []
+
+    def fake_run(task, arch, seed, settings, lengths, progress=False):
+        calls.append((task.name, arch, seed))
+        return {"task": task.name, "arch": arch, "seed": seed, "train_max_length": task.train_max_length,
+                "accuracy": {str(lengths[0]): 0.5}, "mean_accuracy": 0.5, "train_length_accuracy": 0.5,
+                "steps": settings.steps, "train_seconds": 0.0, "test_seconds": 0.0, "settings": {"chunk_size": 2}}
+
+    monkeypatch.setattr(tool, "run", fake_run)
+    monkeypatch.setattr(tool, "plot_accuracy", lambda results, path: Path(path).write_bytes(b"png"))
+    output = tmp_path / "t.json"
+    assert tool.main(["--table61", "--seeds", "1", "--output", str(output)]) == 0
+    assert len(calls) == 12 * 2 and {arch for _, arch, _ in calls} == {"regulargpt", "transformer"}
+    calls.clear()
+    assert tool.main(["--table61", "--seeds", "2", "--resume", "--output", str(output)]) == 0
+    assert {seed for _, _, seed in calls} == {1} and len(calls) == 24  # seed 0 was kept
+    assert len(json.loads(output.read_text())["results"]) == 48
 
 
 def test_tool_writes_results_table_and_plot(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from kerple.analysis import cli
 from kerple.evaluation import cli as evaluate_cli
-from kerple.evaluation.cli import temperature_for
+from kerple.evaluation.temperature import temperature_for
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = str(REPO / "configs/models/tiny.yml")

@@ -165,3 +165,9 @@ def full_state(files: dict[int, dict[str, torch.Tensor]]) -> dict[str, torch.Ten
 def load_reference(model, files: dict[int, dict[str, torch.Tensor]]) -> None:
     """Load the reference's files into ``model`` through the state-dict adapter (strict)."""
     model.load_state_dict(NeoxAdapter.for_model(model).from_reference(full_state(files)), strict=True)
+
+
+def state_dicts_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
+    """Keys whose tensors differ (missing keys included); empty when ``a`` and ``b`` are identical."""
+    names = sorted(set(a) | set(b))
+    return [n for n in names if n not in a or n not in b or a[n].dtype != b[n].dtype or not torch.equal(a[n], b[n])]

@@ -11,13 +11,13 @@ from ckpt_helpers import (
     load_reference,
     reference_shard,
     reference_tensors,
+    state_dicts_equal,
     tiny_config,
     tiny_model,
     write_reference_checkpoint,
 )
 from kerple.checkpoint import load_model_weights, read_checkpoint
 from kerple.checkpoint.convert import main as convert_main
-from kerple.checkpoint.convert import state_dicts_equal
 from kerple.checkpoint.huggingface import export_huggingface, import_huggingface, target_for
 
 TOKENS = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(2))

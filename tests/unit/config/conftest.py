@@ -4,7 +4,6 @@ system's own behaviour (the real modules are exercised in test_config_real_regis
 
 from __future__ import annotations
 
-import sys
 import textwrap
 import types
 from collections.abc import Callable
@@ -64,10 +63,15 @@ def _fake_positional() -> types.ModuleType:
 
 @pytest.fixture
 def fake_attention(monkeypatch: pytest.MonkeyPatch) -> FakeAttention:
-    """Install the stand-in registry and attention module; returns the attention stand-in."""
+    """Install the stand-in registry and attention check where validation reads them; returns the
+    attention stand-in."""
+    from kerple.config import messages, validate
+
     attention = FakeAttention()
-    monkeypatch.setitem(sys.modules, "kerple.positional", _fake_positional())
-    monkeypatch.setitem(sys.modules, "kerple.model.attention", attention)
+    registry = _fake_positional()
+    monkeypatch.setattr(validate, "positional_registry", registry)
+    monkeypatch.setattr(messages, "positional_registry", registry)
+    monkeypatch.setattr(validate, "unsupported_reason", attention.unsupported_reason)
     return attention
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kerple.evaluation.cli import parse_lengths, write_json_atomic
+from kerple.evaluation.cli import write_json_atomic
+from kerple.runs import RunError, parse_lengths
 from kerple.evaluation.compare import compare
 from kerple.evaluation.errors import EvaluationError
 
@@ -53,9 +54,9 @@ def test_compare_refuses_a_missing_reference(tmp_path: Path) -> None:
 
 
 def test_parse_lengths_and_atomic_json(tmp_path: Path) -> None:
-    assert parse_lengths("1024,512,512") == [512, 1024]
-    with pytest.raises(EvaluationError, match="comma-separated integers"):
-        parse_lengths("512,1k")
+    assert parse_lengths("1024,512,512", "--eval-lengths") == [512, 1024]
+    with pytest.raises(RunError, match="--eval-lengths '512,1k': expected comma-separated integers"):
+        parse_lengths("512,1k", "--eval-lengths")
     target = write_json_atomic({"a": [1, 2]}, tmp_path / "deep" / "r.json")
     assert json.loads(target.read_text()) == {"a": [1, 2]}
     assert [p.name for p in target.parent.iterdir()] == ["r.json"]

@@ -31,47 +31,65 @@ def eq_6_1_visible(m: int, n: int, chunk: int, level: int) -> bool:
     return (m - n) % step == 0 and 0 <= (m - n) // step < chunk
 
 
-def oracle_attention(query, key, value, scalars, chunk, level):
-    """Eq. 6.1 with Python loops: softmax over visible keys of q·k/sqrt(d) + r[h, (m - n) / C**l]."""
-    batch, heads, length, dim = query.shape
+def oracle_attention(query, key, value, scalars, chunk, level, padded):
+    """Eq. 6.1 with Python loops over the [pad, x_0, ...] layout: real query m attends, for every k in
+    [C], to key m - k·C**l with logit q·k/sqrt(d) + r[h, k]; a key before position 0 is the pad slot
+    (its own term per k) when padded, and is left out otherwise. The pad slot attends to itself."""
+    batch, heads, slots, dim = query.shape
     out = torch.zeros_like(value, dtype=torch.float64)
+    step = chunk**level
     for b in range(batch):
         for h in range(heads):
-            for m in range(length):
-                keys = [n for n in range(length) if eq_6_1_visible(m, n, chunk, level)]
+            out[b, h, 0] = value[b, h, 0].double()
+            for m in range(slots - 1):
+                terms = []  # (slot of the key, scalar)
+                for k in range(chunk):
+                    n = m - k * step
+                    if n >= 0:
+                        terms.append((n + 1, scalars[h, k]))
+                    elif padded:
+                        terms.append((0, scalars[h, k]))
                 logits = torch.stack([
-                    query[b, h, m].double() @ key[b, h, n].double() / math.sqrt(dim)
-                    + scalars[h, (m - n) // chunk**level].double()
-                    for n in keys
+                    query[b, h, m + 1].double() @ key[b, h, slot].double() / math.sqrt(dim) + scalar.double()
+                    for slot, scalar in terms
                 ])
                 weights = torch.softmax(logits, 0)
-                out[b, h, m] = sum(w * value[b, h, n].double() for w, n in zip(weights, keys))
+                out[b, h, m + 1] = sum(w * value[b, h, slot].double() for w, (slot, _) in zip(weights, terms))
     return out
 
 
+@pytest.mark.parametrize("padded", [True, False])
 @pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("chunk", [2, 3])
-def test_kernels_match_eq_6_1_values(kernel: str, chunk: int) -> None:
+def test_kernels_match_eq_6_1_values(kernel: str, chunk: int, padded: bool) -> None:
     torch.manual_seed(chunk)
-    query, key, value = torch.randn(3, 2, 3, 9, 4).unbind(0)  # T = 9
+    query, key, value = torch.randn(3, 2, 3, 1 + 9, 4).unbind(0)  # the pad slot and T = 9
     scalars = torch.randn(3, chunk)
     for level in range(adaptive_depth(9, chunk) + 1):
-        got = KERNELS[kernel](query, key, value, scalars, chunk**level)
-        want = oracle_attention(query, key, value, scalars, chunk, level)
+        got = KERNELS[kernel](query, key, value, scalars, chunk**level, padded)
+        want = oracle_attention(query, key, value, scalars, chunk, level, padded)
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("padded", [True, False])
 @pytest.mark.parametrize("chunk", [2, 3])
-def test_each_level_attends_exactly_the_eq_6_1_pattern(chunk: int) -> None:
-    """Output m of a layer at level l depends on input n iff Eq. 6.1 allows (m, n) (autograd Jacobian)."""
+def test_each_level_attends_exactly_the_eq_6_1_pattern(chunk: int, padded: bool) -> None:
+    """Output m of a layer at level l depends on input n iff Eq. 6.1 allows (m, n), and on the pad
+    slot iff padded and one of its keys lies before position 0 (autograd Jacobian)."""
     torch.manual_seed(0)
     attention = DilatedSelfAttention(hidden_size=8, num_heads=2, chunk_size=chunk)
-    hidden = torch.randn(1, 9, 8)
+    torch.nn.init.normal_(attention.relative_scalars)
+    hidden = torch.randn(1, 1 + 9, 8)
     for level in range(3):
-        context = RegularContext("eager", chunk**level, KERNELS["flex"])
-        jacobian = torch.autograd.functional.jacobian(lambda x: attention(x, context), hidden)  # [1, 9, 8, 1, 9, 8]
-        depends = jacobian[0, :, :, 0].abs().sum(dim=(1, 3)) > 0  # [m, n]
-        want = torch.tensor([[eq_6_1_visible(m, n, chunk, level) for n in range(9)] for m in range(9)])
+        context = RegularContext("eager", chunk**level, padded, KERNELS["flex"])
+        jacobian = torch.autograd.functional.jacobian(lambda x: attention(x, context), hidden)  # [1, 10, 8, 1, 10, 8]
+        depends = jacobian[0, :, :, 0].abs().sum(dim=(1, 3)) > 0  # [1 + T, 1 + T]
+        want = torch.zeros(10, 10, dtype=torch.bool)
+        want[0, 0] = True
+        for m in range(9):
+            want[m + 1, 0] = padded and (chunk - 1) * chunk**level > m
+            for n in range(9):
+                want[m + 1, n + 1] = eq_6_1_visible(m, n, chunk, level)
         assert torch.equal(depends, want), f"C={chunk} level {level}"
 
 
@@ -104,8 +122,8 @@ def test_parameters_are_the_k_blocks_only(chunk: int, thickness: int) -> None:
     model = RegularGPT(chunk_size=chunk, thickness=thickness, hidden_size=hidden, num_attention_heads=heads, padded_vocab_size=vocab)
     # per block: 2 LayerNorms 4h, qkv 3h²+3h, dense h²+h, MLP 4h²+4h + 4h²+h, scalars H·C
     block = 12 * hidden**2 + 13 * hidden + heads * chunk
-    # word embeddings V·h, final LayerNorm 2h, untied head V·h
-    assert sum(p.numel() for p in model.parameters()) == 2 * vocab * hidden + 2 * hidden + thickness * block
+    # word embeddings V·h, the PAD embedding h, final LayerNorm 2h, untied head V·h
+    assert sum(p.numel() for p in model.parameters()) == 2 * vocab * hidden + 3 * hidden + thickness * block
     layer_names = {name.split(".")[1] for name, _ in model.named_parameters() if name.startswith("layers.")}
     assert layer_names == {str(k) for k in range(thickness)}
     # a length beyond any training length adds no parameter, and every block is trained
@@ -141,10 +159,10 @@ def test_eager_and_flex_forward_agree(chunk: int, thickness: int, length: int) -
 def test_compiled_flex_kernel_forward_on_cpu() -> None:
     """The fused (torch.compile) FlexAttention path, forward only on CPU, agrees with eager to 1e-5."""
     torch.manual_seed(2)
-    query, key, value = torch.randn(3, 1, 2, 40, 8).unbind(0)
+    query, key, value = torch.randn(3, 1, 2, 1 + 40, 8).unbind(0)
     scalars = torch.randn(2, 3)
-    got = DilatedFlexKernel(compile=True)(query, key, value, scalars, 3)
-    torch.testing.assert_close(got, dense_dilated_attention(query, key, value, scalars, 3), atol=1e-5, rtol=1e-5)
+    got = DilatedFlexKernel(compile=True)(query, key, value, scalars, 3, True)
+    torch.testing.assert_close(got, dense_dilated_attention(query, key, value, scalars, 3, True), atol=1e-5, rtol=1e-5)
 
 
 def test_refusals_name_the_fix() -> None:

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from dense_views import dense_bias, dense_scale
 import kerple.positional as positional
 from kerple.positional.base import PositionKind
 from kerple.positional.kerple import LearnableKernel
@@ -92,7 +93,10 @@ def test_logit_tables_shapes_dtype_and_causal_prefix_invariance(name: str) -> No
         assert scale_table is not None
     else:
         assert bias_table is None and scale_table is None
-    for hook in (module.bias, module.logit_scale):
+    for view in (dense_bias, dense_scale):
+        def hook(q_len: int, k_len: int, view=view) -> torch.Tensor | None:
+            return view(module, q_len, k_len)
+
         long_full = hook(12, 12)
         if long_full is None:
             assert hook(3, 5) is None
@@ -108,7 +112,7 @@ def test_logit_tables_shapes_dtype_and_causal_prefix_invariance(name: str) -> No
             # ... and of a longer sequence (only the distance matters)
             longer = long_full[:, 12 - q_len :, 12 - k_len :]
             assert torch.allclose(block[:, mask], longer[:, mask], rtol=1e-6, atol=1e-6)
-        table = bias_table if hook == module.bias else scale_table
+        table = bias_table if view is dense_bias else scale_table
         assert table.shape == (H, 12) and table.dtype == torch.float32
         assert torch.equal(long_full[:, -1, :], table.flip(-1))  # last query row: distances 11..0
 
@@ -140,7 +144,7 @@ def test_non_logit_hooks(name: str) -> None:
 def loss_through_hooks(module: positional.PositionalEmbedding, k_len: int = 9) -> torch.Tensor:
     generator = torch.Generator().manual_seed(1)
     total = torch.zeros(())
-    for table in (module.bias(k_len, k_len), module.logit_scale(k_len, k_len)):
+    for table in (dense_bias(module, k_len, k_len), dense_scale(module, k_len, k_len)):
         if table is not None:
             total = total + (table * torch.randn(table.shape, generator=generator)).sum()
     hidden = torch.randn(1, k_len, HIDDEN, generator=generator)
@@ -229,7 +233,7 @@ def test_cast_to_bf16_keeps_fp32_tensors(name: str) -> None:
             assert torch.equal(value, before[key]), key
         else:
             assert value.dtype == torch.bfloat16, key
-    for table in (module.bias(4, 4), module.logit_scale(4, 4)):
+    for table in (dense_bias(module, 4, 4), dense_scale(module, 4, 4)):
         if table is not None:
             assert table.dtype == torch.float32
 

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from dense_views import dense_bias
 import kerple.positional as positional
 
 # Hand-written slope lists (docs/reference-format.md §3).
@@ -21,7 +22,7 @@ def build(name: str, heads: int, **options: object) -> positional.PositionalEmbe
 
 
 def assert_linear_bias(module: positional.PositionalEmbedding, slopes: list[float], q_len: int = 3, k_len: int = 9) -> None:
-    bias = module.bias(q_len, k_len)
+    bias = dense_bias(module, q_len, k_len)
     for h, slope in enumerate(slopes):
         for row in range(q_len):
             i = k_len - q_len + row
@@ -89,7 +90,7 @@ def test_t5_buckets_distances_0_to_2000() -> None:
             for h in range(heads):
                 module.weight[bucket, h] = 100 * h + bucket
     k_len = 2001
-    last_row = module.bias(1, k_len)[:, 0, :]  # query at position 2000: distance 2000 - j
+    last_row = dense_bias(module, 1, k_len)[:, 0, :]  # query at position 2000: distance 2000 - j
     scale = math.sqrt(head_dim)
     for d in range(k_len):
         for h in range(heads):

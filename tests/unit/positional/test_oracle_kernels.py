@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from dense_views import dense_bias, dense_scale
 import kerple.positional as positional
 
 HEADS = 3
@@ -85,7 +86,7 @@ def test_kernel_matches_formula(name: str) -> None:
             getattr(module, param_name).copy_(torch.tensor(VALUES[param_name]).view(HEADS, 1, 1))
     torch.manual_seed(0)
     scores = torch.randn(HEADS, Q_LEN, K_LEN)
-    bias, scale = module.bias(Q_LEN, K_LEN), module.logit_scale(Q_LEN, K_LEN)
+    bias, scale = dense_bias(module, Q_LEN, K_LEN), dense_scale(module, Q_LEN, K_LEN)
     new_scores = scores * (1.0 if scale is None else scale) + (0.0 if bias is None else bias)
     for h in range(HEADS):
         values = {param_name: VALUES[param_name][h] for param_name in param_names}
@@ -105,7 +106,7 @@ def test_log3_with_unit_exponent_equals_log() -> None:
         log.bias_p.copy_(log3.bias_p)
         log.bias_a.copy_(log3.bias_a)
         log3.bias_pow.fill_(1.0)
-    assert torch.allclose(log3.bias(9, 9), log.bias(9, 9))
+    assert torch.allclose(dense_bias(log3, 9, 9), dense_bias(log, 9, 9))
 
 
 def test_clamped_values_used_in_forward() -> None:

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from dense_views import dense_bias
 import kerple.positional as positional
 
 
@@ -20,7 +21,7 @@ def sandwich_by_hand(d: int, head: int, heads: int, bar_d: int = 128) -> float:
 def test_sandwich_matches_formula(heads: int, bar_d: int) -> None:
     module = positional.build("sandwich", num_heads=heads, head_dim=8, hidden_size=8 * heads, max_positions=16, sandwich_dim=bar_d)
     q_len, k_len = 3, 700
-    bias = module.bias(q_len, k_len)
+    bias = dense_bias(module, q_len, k_len)
     for h in range(heads):
         for row in range(q_len):
             i = k_len - q_len + row
@@ -39,7 +40,7 @@ def test_sandwich_matches_thesis_numpy_reference() -> None:
     ratio = np.arange(1, heads + 1) * 8 / heads
     reference = (pos_embs @ pos_embs.T)[None] / ratio[:, None, None] - (bar_d / 2) / ratio[:, None, None]
     module = positional.build("sandwich", num_heads=heads, head_dim=8, hidden_size=96, max_positions=16)
-    ours = module.bias(seq_len, seq_len).double().numpy()
+    ours = dense_bias(module, seq_len, seq_len).double().numpy()
     lower = np.tril(np.ones((seq_len, seq_len), dtype=bool))
     assert np.allclose(ours[:, lower], reference[:, lower], atol=2e-5)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.gpu_check.step_fp16 import overflow_scale_power
 from tiny_run import single_process_group, tiny_config, train, write_corpus
 
 pytestmark = pytest.mark.gpu
@@ -21,13 +22,19 @@ def parallel():
 
 def test_overflow_skips_a_step_and_is_counted(parallel, tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "corpus")
-    # A loss scale of 2^32 overflows fp16 gradients (max 65504) on the first step, so the scaler
-    # must skip that update and halve the scale until the gradients fit.
-    fp16 = {"enabled": True, "initial_scale_power": 32, "loss_scale_window": 1000, "hysteresis": 1, "min_loss_scale": 1}
-    cfg = tiny_config(corpus, fp16=fp16, train_iters=6, lr_decay_iters=6, attention_impl="eager")
+    micro_batch, seq = 4, 32
+    power = overflow_scale_power(micro_batch * seq)  # 24
+    # Each overflow halves the scale once (hysteresis 1): after power - 14 skipped steps it is 2^14, where
+    # every gradient entry below 4 fits fp16 (an untrained tiny model's are far smaller), so the run
+    # recovers with steps to spare; the first step must be skipped.
+    steps = power - 14 + 6
+    fp16 = {"enabled": True, "initial_scale_power": power, "loss_scale_window": 1000, "hysteresis": 1,
+            "min_loss_scale": 1}
+    cfg = tiny_config(corpus, fp16=fp16, train_iters=steps, lr_decay_iters=steps, attention_impl="eager",
+                      train_micro_batch_size_per_gpu=micro_batch, seq_length=seq)
     result = train(cfg, parallel)
-    assert result.iteration == 6
+    assert result.iteration == steps
     assert result.skipped_steps >= 1
-    assert result.skipped_steps < 6, "every step skipped: the scaler never recovered"
-    assert all(math.isfinite(loss) for loss in result.losses)
+    assert result.skipped_steps <= power - 14, "the scaler did not recover by 2^14"
+    assert all(math.isfinite(loss) for _, loss in result.losses)
     assert torch.cuda.is_available()

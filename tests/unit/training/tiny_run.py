@@ -136,3 +136,14 @@ def parallel() -> Iterator[Any]:
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small synthetic corpus shared by a test module (import this fixture by name)."""
     return write_corpus(tmp_path_factory.mktemp("data") / "corpus")
+
+
+def gather_vocab_parallel(logits: Any, parallel: Any) -> Any:
+    """All-gather vocab-parallel ``logits [..., V/N]`` into ``[..., V]`` (to compare with one process)."""
+    import torch
+
+    if parallel.model_parallel_size == 1:
+        return logits
+    pieces = [torch.empty_like(logits) for _ in range(parallel.model_parallel_size)]
+    torch.distributed.all_gather(pieces, logits.contiguous(), group=parallel.model_parallel_group)
+    return torch.cat(pieces, dim=-1)

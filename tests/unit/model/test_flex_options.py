@@ -1,0 +1,280 @@
+"""FlexAttention kernel options: PyTorch's published defaults, the shared-memory estimate against the
+out-of-resource reports of an H100, the ladder's rungs, and the ladder itself with injected failures
+(CPU: a fake compiled function raises what Inductor raises on a GPU)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from torch._dynamo.exc import BackendCompilerFailed
+from torch._inductor.exc import InductorError
+from torch.nn.attention.flex_attention import flex_attention
+
+from kerple.model import flex_base
+from kerple.model.flex import FlexAttentionKernel
+from kerple.model.flex_options import (
+    BackwardConfig,
+    DeviceLimits,
+    ForwardConfig,
+    backward_shared_memory,
+    choose_configs,
+    default_backward,
+    default_forward,
+    forward_shared_memory,
+    is_out_of_resource,
+    kernel_options,
+    smaller_backward,
+    smaller_forward,
+)
+from kerple.positional.logit_term import distance_table_term
+
+H100 = DeviceLimits("NVIDIA H100 80GB HBM3", (9, 0), 232448)  # Triton's reported hardware limit
+A10 = DeviceLimits("NVIDIA A10", (8, 6), 101376)  # 99 KiB opt-in
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+
+def test_pytorch_defaults_for_head_dim_64_are_the_published_ones() -> None:
+    assert default_forward((9, 0), 64, torch.bfloat16) == ForwardConfig(128, 128, 3, 4)
+    assert default_backward((9, 0), 64, torch.bfloat16) == BackwardConfig(64, 128, 128, 64, 3, 8)
+    assert default_forward((8, 0), 64, torch.bfloat16) == ForwardConfig(128, 64, 3, 4)
+    assert default_backward((8, 0), 64, torch.float16) == BackwardConfig(64, 64, 64, 64, 2, 4)
+    assert default_backward((9, 0), 64, torch.float32) == BackwardConfig(16, 16, 16, 16, 1, 4)
+
+
+def test_estimate_reproduces_the_h100_out_of_resource_reports() -> None:
+    """bf16, head_dim 64, PyTorch's sm90 forward tile, one fp32 table (245760 B required) and two
+    fp32 tables (kerple_bias_wht: 376832 B), as Triton reported them on an H100."""
+    default = ForwardConfig(128, 128, 3, 4)
+    assert forward_shared_memory(default, 64, itemsize=2, gathered_bytes=4) == 245760
+    assert forward_shared_memory(default, 64, itemsize=2, gathered_bytes=8) == 376832
+    assert forward_shared_memory(default, 64, itemsize=2, gathered_bytes=0) <= H100.shared_memory_per_block
+
+
+@pytest.mark.parametrize("gathered", [0, 2, 4, 8])
+@pytest.mark.parametrize("head_dim", [16, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("limits", [H100, A10, DeviceLimits("A100", (8, 0), 166912), DeviceLimits("B200", (10, 0), 232448)])
+def test_chosen_configs_fit_and_are_valid(limits: DeviceLimits, dtype: torch.dtype, head_dim: int, gathered: int) -> None:
+    forward, backward = choose_configs(limits, head_dim, dtype, gathered)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    assert forward_shared_memory(forward, head_dim, itemsize, gathered) <= limits.shared_memory_per_block
+    assert backward_shared_memory(backward, head_dim, itemsize, gathered) <= limits.shared_memory_per_block
+    if gathered == 0 and dtype != torch.float32 and head_dim == 64 and limits is H100:
+        assert forward == default_forward(limits.capability, head_dim, dtype)  # nothing to give up
+
+
+def _valid_backward(config: BackwardConfig) -> bool:
+    tiles = (config.block_m1, config.block_n1, config.block_m2, config.block_n2)
+    return (all(16 <= tile <= 128 and 128 % tile == 0 for tile in tiles)
+            and config.block_n1 % config.block_m1 == 0 and config.block_m2 % config.block_n2 == 0)
+
+
+@pytest.mark.parametrize("capability", [(7, 5), (8, 0), (8, 6), (9, 0), (10, 0), (12, 0)])
+def test_every_rung_is_valid_smaller_and_the_ladder_ends(capability: tuple[int, int]) -> None:
+    for dtype in (torch.bfloat16, torch.float32):
+        for head_dim in (32, 64, 128, 256):
+            forward, rungs = default_forward(capability, head_dim, dtype), 0
+            while (smaller := smaller_forward(forward)) is not None:
+                assert forward_shared_memory(smaller, head_dim, 2, 4) < forward_shared_memory(forward, head_dim, 2, 4)
+                assert 128 % smaller.block_m == 0 and 128 % smaller.block_n == 0 and smaller.block_n >= 32
+                forward, rungs = smaller, rungs + 1
+            assert forward.num_stages == 1 and rungs < 12
+            backward, rungs = default_backward(capability, head_dim, dtype), 0
+            assert _valid_backward(backward)
+            while (smaller := smaller_backward(backward)) is not None:
+                assert _valid_backward(smaller)
+                assert backward_shared_memory(smaller, head_dim, 2, 4) < backward_shared_memory(backward, head_dim, 2, 4)
+                backward, rungs = smaller, rungs + 1
+            assert backward.num_stages == 1 and rungs < 12
+
+
+def test_kernel_options_use_the_prefixed_names() -> None:
+    options = kernel_options(ForwardConfig(128, 64, 2, 4), BackwardConfig(64, 128, 128, 64, 3, 8))
+    assert options == {
+        "fwd_BLOCK_M": 128, "fwd_BLOCK_N": 64, "fwd_num_stages": 2, "fwd_num_warps": 4,
+        "bwd_BLOCK_M1": 64, "bwd_BLOCK_N1": 128, "bwd_BLOCK_M2": 128, "bwd_BLOCK_N2": 64,
+        "bwd_num_stages": 3, "bwd_num_warps": 8, "FORCE_USE_FLEX_ATTENTION": True,
+    }
+
+
+def _out_of_resource(name: str = "triton_tem_fused_flex_attention_0") -> Exception:
+    inner = RuntimeError(f"No valid triton configs. OutOfMemoryError: out of resource: {name} "
+                         "Required: 245760 Hardware limit: 232448")
+    return BackendCompilerFailed(lambda *args: None, InductorError(inner, None), None)
+
+
+def test_out_of_resource_is_recognised_through_the_exception_chain() -> None:
+    assert is_out_of_resource(_out_of_resource())
+    try:
+        raise ValueError("while compiling") from RuntimeError("No valid triton configs. OutOfResources")
+    except ValueError as error:
+        assert is_out_of_resource(error)
+    assert not is_out_of_resource(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not is_out_of_resource(ValueError("Q and KV block size must be divisible"))
+
+
+class _FailingBackward(torch.autograd.Function):
+    """Identity on ``output`` (saving its inputs, as FlexAttention does) whose backward raises when
+    the backward options are too large."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, output, fails):  # type: ignore[no-untyped-def,override]
+        ctx.fails = fails
+        ctx.save_for_backward(query, key, value)
+        return output.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
+        if ctx.fails:
+            raise _out_of_resource("triton_tem_fused_flex_attention_backward_1")
+        return tuple(torch.zeros_like(saved) for saved in ctx.saved_tensors) + (None, None)
+
+
+class FakeCompiled:
+    """Stands for ``torch.compile(flex_attention)`` on a GPU with little shared memory: options
+    whose forward ``BLOCK_N`` exceeds ``max_forward_n`` (backward ``BLOCK_N1`` exceeds
+    ``max_backward_n1``) fail as Inductor fails; the output is the unfused FlexAttention's."""
+
+    def __init__(self, max_forward_n: int, max_backward_n1: int) -> None:
+        self.max_forward_n, self.max_backward_n1 = max_forward_n, max_backward_n1
+        self.calls: list[dict] = []
+
+    def __call__(self, query, key, value, score_mod=None, block_mask=None, kernel_options=None):  # type: ignore[no-untyped-def]
+        self.calls.append(dict(kernel_options))
+        if kernel_options["fwd_BLOCK_N"] > self.max_forward_n:
+            raise _out_of_resource()
+        with torch.no_grad():
+            output = flex_attention(query.detach(), key.detach(), value.detach(), score_mod=score_mod,
+                                    block_mask=block_mask)
+        return _FailingBackward.apply(query, key, value, output, kernel_options["bwd_BLOCK_N1"] > self.max_backward_n1)
+
+
+@pytest.fixture()
+def fake_gpu(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """A compiled kernel on 'an H100' whose compiled function is a :class:`FakeCompiled`."""
+    monkeypatch.setattr(flex_base, "device_limits", lambda device: H100)
+    resets: list[object] = []
+    monkeypatch.setattr(torch._dynamo, "reset_code", resets.append)
+    kernel = FlexAttentionKernel(compile=True)
+    return kernel, resets
+
+
+def _inputs(requires_grad: bool, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(1, 2, 64, 16, generator=generator).to(dtype).requires_grad_(requires_grad)
+                 for _ in range(3))
+
+
+def _table_term(dtype: torch.dtype = torch.bfloat16):  # type: ignore[no-untyped-def]
+    table = torch.linspace(0.0, -2.0, 64).expand(2, 64).contiguous()
+    return distance_table_term(table, None, dtype)
+
+
+def test_forward_failure_steps_down_remembers_and_logs_once(fake_gpu, caplog) -> None:  # type: ignore[no-untyped-def]
+    kernel, resets = fake_gpu
+    kernel._compiled_attention = fake = FakeCompiled(max_forward_n=32, max_backward_n1=128)
+    query, key, value = _inputs(requires_grad=False)
+    term = _table_term(torch.float32)
+    with caplog.at_level(logging.INFO, logger="kerple.model.flex_options"):
+        output = kernel(query, key, value, term, None)
+        again = kernel(query, key, value, term, None)
+    reference = FlexAttentionKernel(compile=False)(query, key, value, term, None)
+    torch.testing.assert_close(output, reference)
+    torch.testing.assert_close(again, reference)
+    tried = [call["fwd_BLOCK_N"] for call in fake.calls]
+    assert tried[-2:] == [32, 32] and all(n > 32 for n in tried[:-2])  # stepped down once, then remembered
+    assert len(resets) == len(tried) - 2  # Dynamo reset after every failure
+    infos = [record for record in caplog.records if record.levelno == logging.INFO]
+    assert len(infos) == 1 and "BLOCK_N=32" in infos[0].getMessage() and "retries" in infos[0].getMessage()
+    assert sum(record.levelno == logging.WARNING for record in caplog.records) == len(tried) - 2
+    (key_text, used), = kernel.options_used().items()
+    assert key_text == "NVIDIA H100 80GB HBM3 / float32 / 16 / distance_table" and "BLOCK_N=32" in used
+
+
+def test_backward_failure_is_caught_before_the_training_backward(fake_gpu) -> None:  # type: ignore[no-untyped-def]
+    kernel, _ = fake_gpu
+    kernel._compiled_attention = fake = FakeCompiled(max_forward_n=128, max_backward_n1=32)
+    query, key, value = _inputs(requires_grad=True, dtype=torch.bfloat16)  # fp32 starts at the smallest tiles
+    output = kernel(query, key, value, _table_term(), None)
+    output.sum().backward()  # the backward kept is one that compiles
+    backward_n1 = [call["bwd_BLOCK_N1"] for call in fake.calls]
+    assert backward_n1[-1] == 32 and max(backward_n1) > 32
+    assert len({(call["fwd_BLOCK_N"], call["fwd_num_stages"]) for call in fake.calls}) == 1  # the forward keeps its tile
+    calls = len(fake.calls)
+    kernel(query, key, value, _table_term(), None).sum().backward()
+    assert len(fake.calls) == calls + 1  # checked once per shape: no second copy
+
+
+def test_no_backward_check_without_gradients(fake_gpu) -> None:  # type: ignore[no-untyped-def]
+    kernel, _ = fake_gpu
+    kernel._compiled_attention = fake = FakeCompiled(max_forward_n=128, max_backward_n1=16)
+    query, key, value = _inputs(requires_grad=True)
+    with torch.no_grad():
+        kernel(query, key, value, _table_term(), None)
+    assert len(fake.calls) == 1
+
+
+def test_other_errors_and_the_bottom_rung_are_raised(fake_gpu) -> None:  # type: ignore[no-untyped-def]
+    kernel, _ = fake_gpu
+    query, key, value = _inputs(requires_grad=False)
+
+    def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise ValueError("an unrelated compile error")
+
+    kernel._compiled_attention = broken
+    with pytest.raises(ValueError, match="unrelated"):
+        kernel(query, key, value, _table_term(), None)
+    kernel._compiled_attention = FakeCompiled(max_forward_n=0, max_backward_n1=128)  # nothing fits
+    with pytest.raises(RuntimeError, match="does not fit NVIDIA H100.*smallest tiles") as raised:
+        kernel(query, key, value, _table_term(), None)
+    assert is_out_of_resource(raised.value.__cause__)
+
+
+def test_backward_check_inside_an_activation_checkpoint(fake_gpu) -> None:  # type: ignore[no-untyped-def]
+    """The copy run for the backward check must not reach the checkpoint's saved-tensor hooks."""
+    kernel, _ = fake_gpu
+    kernel._compiled_attention = fake = FakeCompiled(max_forward_n=128, max_backward_n1=32)
+    query, key, value = _inputs(requires_grad=True, dtype=torch.bfloat16)
+    term = _table_term()
+    output = torch.utils.checkpoint.checkpoint(lambda q: kernel(q, key, value, term, None), query, use_reentrant=False)
+    output.float().sum().backward()
+    assert query.grad is not None and fake.calls[-1]["bwd_BLOCK_N1"] == 32
+
+
+def test_dilated_kernel_shares_the_options_and_the_ladder(fake_gpu) -> None:  # type: ignore[no-untyped-def]
+    """RegularGPT's kernel runs on the same base: its two fp32 tables count as 8 gathered bytes."""
+    from kerple.model.dilated_attention import DilatedFlexKernel, dense_dilated_attention
+
+    kernel = DilatedFlexKernel(compile=True)
+    kernel._compiled_attention = FakeCompiled(max_forward_n=64, max_backward_n1=128)
+    query, key, value = _inputs(requires_grad=False)
+    scalars = torch.randn(2, 3)
+    output = kernel(query, key, value, scalars, 2, True)
+    torch.testing.assert_close(output, dense_dilated_attention(query, key, value, scalars, 2, True), rtol=1e-5, atol=1e-5)
+    assert list(kernel.options_used()) == ["NVIDIA H100 80GB HBM3 / float32 / 16 / dilated_table"]
+    assert isinstance(copy.deepcopy(kernel), DilatedFlexKernel) and not copy.deepcopy(kernel).options_used()
+
+
+def test_options_inside_an_enclosing_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``training.compile`` the layer's graph traces :meth:`FlexKernel.attend`: the device query
+    (evaluated once, as a constant) and the option choice must trace without a graph break."""
+
+    @torch._dynamo.assume_constant_result
+    def limits(device: torch.device) -> DeviceLimits:
+        import sqlite3  # stands for Triton's driver query, which Dynamo cannot trace
+
+        sqlite3.connect(":memory:").close()
+        return H100
+
+    monkeypatch.setattr(flex_base, "device_limits", limits)
+    kernel = FlexAttentionKernel(compile=True)
+    query, key, value = _inputs(requires_grad=False)
+    term = _table_term(torch.float32)
+    traced = torch.compile(lambda q, k, v: kernel(q, k, v, term, None), fullgraph=True, backend="eager")
+    with torch.no_grad():
+        output = traced(query, key, value)
+    torch.testing.assert_close(output, FlexAttentionKernel(compile=False)(query, key, value, term, None))
+    assert list(kernel.options_used()) == ["NVIDIA H100 80GB HBM3 / float32 / 16 / distance_table"]
