@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ckpt_helpers import VOCAB, tiny_config, tiny_model
+from ckpt_helpers import VOCAB, state_dicts_equal, tiny_config, tiny_model
 from kerple import positional
-from kerple.checkpoint.convert import state_dicts_equal
 from kerple.checkpoint.huggingface import describe_export, export_huggingface, import_huggingface, target_for
 from kerple.inference.generate import generate
 
