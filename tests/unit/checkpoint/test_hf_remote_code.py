@@ -153,3 +153,20 @@ def test_export_log_names_the_class_and_why():
     assert "KerpleForCausalLM" in describe_export(flat) and "BLOOM" in describe_export(flat)
     assert "stock transformers GPTNeoXForCausalLM" in describe_export(_flat(tiny_config("rotary")))
     assert "computes the same function" in describe_export(_flat(tiny_config("learned")), "kerple")
+
+
+@pytest.mark.parametrize(
+    "pos_emb, first_format_key, key",
+    [("kerple_log", "attention.rpe.bias_p", "bias_p"), ("learned", "embedding.position_embeddings.weight", "position_embeddings.weight")],
+)
+def test_first_format_folders_still_import(tmp_path, pos_emb, first_format_key, key):
+    """Before KerpleForCausalLM, the positional tensors were named kerple_positional.<GPT-NeoX key>."""
+    from safetensors.torch import load_file, save_file
+
+    model = _perturbed_model({"pos_emb": pos_emb})
+    folder = export_huggingface(model.state_dict(), _flat(tiny_config(pos_emb)), tmp_path / "hf", target="kerple")
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["kerple_positional." + first_format_key] = tensors.pop("gpt_neox.positional." + key)
+    save_file(tensors, str(folder / "model.safetensors"))
+    state, _ = import_huggingface(folder)
+    assert state_dicts_equal(state, model.state_dict()) == []
