@@ -14,11 +14,11 @@ export DS_ACCELERATOR ?= cpu
 
 install: $(STAMP)
 
-$(STAMP): requirements/base.txt requirements/engine.txt requirements/test.txt requirements/constraints.txt pyproject.toml
+$(STAMP): requirements/base.txt requirements/engine.txt requirements/test.txt requirements/eval.txt requirements/constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade "pip>=24" setuptools wheel
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q $(CONSTRAINTS) -r requirements/base.txt -r requirements/test.txt
+	$(PIP) install -q $(CONSTRAINTS) -r requirements/base.txt -r requirements/test.txt -r requirements/eval.txt
 	$(PIP) install -q $(CONSTRAINTS) --no-build-isolation -r requirements/engine.txt
 	$(PIP) install -q $(CONSTRAINTS) --no-build-isolation --no-deps -e .
 	touch $(STAMP)
