@@ -10,15 +10,15 @@ export HF_HUB_OFFLINE := 1
 export WANDB_MODE ?= offline
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: install test demo analysis-demo clean-venv docs gpu-check gpu-wheels
+.PHONY: install test demo analysis-demo clean-venv docs gpu-check gpu-reproduce gpu-wheels
 
 install: $(STAMP)
 
-$(STAMP): requirements/base.txt requirements/engine.txt requirements/test.txt requirements/constraints.txt pyproject.toml
+$(STAMP): requirements/base.txt requirements/engine.txt requirements/test.txt requirements/eval.txt requirements/constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade "pip>=24" setuptools wheel
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q $(CONSTRAINTS) -r requirements/base.txt -r requirements/test.txt
+	$(PIP) install -q $(CONSTRAINTS) -r requirements/base.txt -r requirements/test.txt -r requirements/eval.txt
 	$(PIP) install -q $(CONSTRAINTS) --no-build-isolation -r requirements/engine.txt
 	$(PIP) install -q $(CONSTRAINTS) --no-build-isolation --no-deps -e .
 	touch $(STAMP)
@@ -46,14 +46,26 @@ clean-venv:
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 GPU_SITE ?= /tmp/kerple-gpu-site
 STEPS ?= all
+# shell lines shared by the GPU targets: install what the interpreter lacks from .whl/, offline
+define GPU_SITE_SETUP
+missing="$$(PYTHONPATH=$(GPU_SITE) $(GPU_PYTHON) tools/gpu_wheels.py missing)" || exit 2; \
+if [ -n "$$missing" ]; then \
+  ls .whl/*.whl >/dev/null 2>&1 || { echo "make $@: missing $$missing and .whl/ is empty: run 'make gpu-wheels' where PyPI is reachable" >&2; exit 2; }; \
+  echo "installing .whl/ into $(GPU_SITE) (offline) for: $$missing"; \
+  $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl || exit 2; \
+fi
+endef
+
 gpu-check:
-	@missing="$$(PYTHONPATH=$(GPU_SITE) $(GPU_PYTHON) tools/gpu_wheels.py missing)" || exit 2; \
-	if [ -n "$$missing" ]; then \
-	  ls .whl/*.whl >/dev/null 2>&1 || { echo "make gpu-check: missing $$missing and .whl/ is empty: run 'make gpu-wheels' where PyPI is reachable" >&2; exit 2; }; \
-	  echo "installing .whl/ into $(GPU_SITE) (offline) for: $$missing"; \
-	  $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl || exit 2; \
-	fi; \
+	@$(GPU_SITE_SETUP); \
 	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) tools/gpu_check.py --steps "$(STEPS)" $(if $(BUDGET),--budget $(BUDGET))
+
+# `make gpu-reproduce [TOKENS=600M] [MINUTES=9] [SCALE=tiny] [REPRODUCE_ARGS=...]`: KERPLE Table 3 at
+# 162M (tools/gpu_reproduce.py); each call works for at most MINUTES, the same call again continues.
+gpu-reproduce:
+	@$(GPU_SITE_SETUP); \
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) tools/gpu_reproduce.py $(if $(SCALE),--scale $(SCALE)) \
+	  $(if $(TOKENS),--tokens $(TOKENS)) $(if $(MINUTES),--minutes $(MINUTES)) $(REPRODUCE_ARGS)
 
 gpu-wheels: $(STAMP)
 	$(PY) tools/gpu_wheels.py download

@@ -14,6 +14,7 @@ checkpoint itself (``args``, ``configs/*.yml`` and tensor shapes). Tensors are c
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -28,14 +29,16 @@ from kerple.checkpoint.architecture import (
 )
 from kerple.checkpoint.errors import CheckpointError
 from kerple.errors import entry_point
-from kerple.checkpoint.huggingface import export_huggingface, import_huggingface
+from kerple.checkpoint.huggingface import describe_export, export_huggingface, import_huggingface
 from kerple.checkpoint.neox_layout import NeoxAdapter
 from kerple.checkpoint.reference import read_checkpoint
 from kerple.checkpoint.writer import write_checkpoint
 from kerple.model import families
 
-# Recorded fields carried into the config of a checkpoint converted without --config.
-_CONFIG_KEYS = (*model_options(), "layernorm_epsilon", *positional_option_names(), "seq_length", "tokenizer_type")
+# Recorded fields carried into the config of a checkpoint converted without --config (the tokenizer
+# files too, so that a Hugging Face export takes them along where they still exist).
+_CONFIG_KEYS = (*model_options(), "layernorm_epsilon", *positional_option_names(), "seq_length", "tokenizer_type",
+                "vocab_file", "merge_file", "tokenizer_file")
 
 
 def config_from_checkpoint(ckpt: Any) -> dict[str, Any]:
@@ -144,7 +147,9 @@ def convert(args: argparse.Namespace) -> Path:
             data = cfg.data
             files = [f for f in (data.vocab_file, data.merge_file, data.tokenizer_file) if f and Path(f).is_file()]
         eos = 50256 if cfg.data.tokenizer_type == "GPT2BPETokenizer" and cfg.model.padded_vocab_size > 50256 else None
-        return export_huggingface(model_state, flat, out, target=args.hf_target, tokenizer_files=files, eos_token_id=eos)
+        written = export_huggingface(model_state, flat, out, target=args.hf_target, tokenizer_files=files, eos_token_id=eos)
+        print(f"export: {describe_export(flat, args.hf_target)}", file=sys.stderr)
+        return written
     flavor = "neox" if args.to == "neox" else "kerple"
     if flavor == "neox":
         text = yaml.safe_dump({key.replace("_", "-"): value for key, value in _neox_yaml(flat).items()}, sort_keys=False)

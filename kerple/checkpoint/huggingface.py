@@ -10,17 +10,17 @@ Which class an export loads in (see docs/interop.md):
   has no learned position table) with the sequential residual: GPT-2 is the same pre-LN block, so
   the weights map exactly (Conv1D stores ``W^T``; its ``c_attn`` wants q, k, v blocks, not
   per-head interleaving, so those rows are permuted).
-* ``kerple`` - every other embedding (KERPLE, ALiBi, T5, Sandwich, Gaussian-like, sinusoidal) and
-  any other norm/activation: GPTNeoX tensor names plus the shared positional tensors once under
-  ``kerple_positional.*``; ``config.json`` describes the embedding. No stock class computes these
-  biases, so such folders load back into kerple only.
+* ``kerple`` - every other embedding (KERPLE, ALiBi, T5, Sandwich, Gaussian-like, sinusoidal), any
+  other norm/activation and any attention window: ``KerpleForCausalLM``, whose code the folder
+  carries (:mod:`kerple.checkpoint.hf_kerple`), so ``transformers`` loads it with
+  ``trust_remote_code=True`` and no kerple installed. GPTNeoX tensor names, plus the positional
+  tensors once under ``gpt_neox.positional.<key>``.
 
 Every export stores the full kerple config under ``config.json["kerple"]`` so an import restores it
 exactly; folders from elsewhere (e.g. Pythia) are imported from the standard fields. Both directions
-work on a :class:`kerple.model.GPTModel`'s own state-dict names; the positional tensors of a
-``kerple`` folder keep GPT-NeoX's per-layer key (``kerple_positional.attention.rpe.bias_p``, from
-:class:`~kerple.checkpoint.neox_layout.NeoxAdapter`) or ``kerple_positional.embedding.<key>`` for an
-input embedding.
+work on a :class:`kerple.model.GPTModel`'s own state-dict names. Folders of the first format (before
+``KerpleForCausalLM``) kept the positional tensors under GPT-NeoX's per-layer key
+(``kerple_positional.attention.rpe.bias_p``) or ``kerple_positional.embedding.<key>``; they still import.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from typing import Any, Iterable
 import torch
 
 from kerple.checkpoint.errors import CheckpointError
-from kerple.checkpoint.neox_layout import NeoxAdapter, positional_module_key
+from kerple.checkpoint.hf_kerple import export_note, kerple_config, write_remote_code
+from kerple.checkpoint.neox_layout import positional_module_key
 
 LAYER_KEYS: tuple[str, ...] = (
     "input_layernorm.weight",
@@ -51,8 +52,17 @@ LAYER_KEYS: tuple[str, ...] = (
     "mlp.dense_4h_to_h.weight",
     "mlp.dense_4h_to_h.bias",
 )
-POSITIONAL_PREFIX = "kerple_positional."
-INPUT_POSITIONAL = "embedding."
+EXPORT_FORMAT = 2  # config.json["kerple"]["format"]; 1 named the positional tensors as below
+FORMAT1_POSITIONAL = "kerple_positional."
+FORMAT1_INPUT = "embedding."
+# (model prefix, GPTNeoX-layout prefix): the weights' names in gpt_neox and kerple folders
+_NEOX_PREFIXES = (
+    ("embedding.word_embeddings.", "gpt_neox.embed_in."),
+    ("layers.", "gpt_neox.layers."),
+    ("final_norm.", "gpt_neox.final_layer_norm."),
+    ("lm_head.", "embed_out."),
+    ("positional.", "gpt_neox.positional."),
+)
 # (kerple layer key, GPT-2 key, transpose for Conv1D)
 _GPT2_LAYER = (
     ("input_layernorm.weight", "ln_1.weight", False),
@@ -84,13 +94,14 @@ def _architecture(config: dict[str, Any]) -> dict[str, Any]:
         "max_positions": int(config.get("max_position_embeddings") or seq_length),
         "rotary_pct": float(config.get("rotary_pct", 1.0)),
         "rotary_emb_base": float(config.get("rotary_emb_base", 10000.0)),
+        "attention_window": config.get("attention_window"),
     }
 
 
 def target_for(config: dict[str, Any]) -> str:
     """``gpt_neox``, ``gpt2`` or ``kerple``: the class a model with ``config`` exports to."""
     arch = _architecture(config)
-    if arch["norm"] != "layernorm" or arch["activation"] != "gelu":
+    if arch["norm"] != "layernorm" or arch["activation"] != "gelu" or arch["attention_window"] is not None:
         return "kerple"
     if arch["pos_emb"] in ("rotary", "none"):
         return "gpt_neox"
@@ -103,22 +114,23 @@ def _layer_count(state: dict[str, torch.Tensor]) -> int:
     return len({name.split(".")[1] for name in state if name.startswith("layers.")})
 
 
-def _neox_tensors(state: dict[str, torch.Tensor], adapter: NeoxAdapter | None) -> dict[str, torch.Tensor]:
-    """GPTNeoX names for a model state dict; with ``adapter``, the positional tensors too (``kerple``)."""
-    out: dict[str, torch.Tensor] = {"gpt_neox.embed_in.weight": state["embedding.word_embeddings.weight"]}
-    for i in range(_layer_count(state)):
-        for key in LAYER_KEYS:
-            out[f"gpt_neox.layers.{i}.{key}"] = state[f"layers.{i}.{key}"]
-    for part in ("weight", "bias"):
-        out[f"gpt_neox.final_layer_norm.{part}"] = state[f"final_norm.{part}"]
-    if "lm_head.weight" in state:
-        out["embed_out.weight"] = state["lm_head.weight"]
-    if adapter is not None:
-        for name, tensor in state.items():
-            if name.startswith("positional."):
-                key = name[len("positional.") :]
-                place = INPUT_POSITIONAL + key if adapter.positional_at_input else adapter.positional_key(key)
-                out[POSITIONAL_PREFIX + place] = tensor
+def _rename(name: str, pairs: Iterable[tuple[str, str]]) -> str | None:
+    """``name`` with the first matching prefix replaced (``pairs``: (from, to)); ``None`` if none matches."""
+    for old, new in pairs:
+        if name.startswith(old):
+            return new + name[len(old) :]
+    return None
+
+
+def _neox_tensors(state: dict[str, torch.Tensor], with_positional: bool) -> dict[str, torch.Tensor]:
+    """GPTNeoX-layout names for a model state dict; the positional tensors only ``with_positional`` (``kerple``)."""
+    out = {}
+    for name, tensor in state.items():
+        hf_name = _rename(name, _NEOX_PREFIXES)
+        if hf_name is None:
+            raise CheckpointError(f"model tensor {name!r} has no place in a Hugging Face GPTNeoX-layout folder")
+        if with_positional or not name.startswith("positional."):
+            out[hf_name] = tensor
     return out
 
 
@@ -154,15 +166,15 @@ def _gpt2_tensors(state: dict[str, torch.Tensor], heads: int) -> dict[str, torch
     return out
 
 
-def _hf_config(target: str, config: dict[str, Any], state: dict[str, torch.Tensor], eos: int | None) -> dict[str, Any]:
+def _hf_config(target: str, config: dict[str, Any], state: dict[str, torch.Tensor]) -> dict[str, Any]:
     arch = _architecture(config)
     layers = _layer_count(state)
     embedding = state["embedding.word_embeddings.weight"]
     tied = "lm_head.weight" not in state
     dtype = str(embedding.dtype).replace("torch.", "")
-    common = {"vocab_size": int(embedding.shape[0]), "tie_word_embeddings": tied, "dtype": dtype, "torch_dtype": dtype}
-    if eos is not None:
-        common.update(bos_token_id=eos, eos_token_id=eos)
+    # token ids are set from the tokenizer when there is one, never left to a class's defaults
+    common = {"vocab_size": int(embedding.shape[0]), "tie_word_embeddings": tied, "dtype": dtype, "torch_dtype": dtype,
+              "bos_token_id": None, "eos_token_id": None}
     if target == "gpt2":
         return {
             "architectures": ["GPT2LMHeadModel"],
@@ -179,10 +191,12 @@ def _hf_config(target: str, config: dict[str, Any], state: dict[str, torch.Tenso
             "attn_pdrop": 0.0,
             **common,
         }
+    if target == "kerple":
+        return kerple_config(config, state, common)
     rotary_pct = 0.0 if arch["pos_emb"] == "none" else arch["rotary_pct"]
-    neox = {
-        "architectures": ["GPTNeoXForCausalLM"] if target == "gpt_neox" else ["KerpleForCausalLM"],
-        "model_type": "gpt_neox" if target == "gpt_neox" else "kerple",
+    return {
+        "architectures": ["GPTNeoXForCausalLM"],
+        "model_type": "gpt_neox",
         "hidden_size": arch["hidden_size"],
         "num_hidden_layers": layers,
         "num_attention_heads": arch["num_attention_heads"],
@@ -194,18 +208,18 @@ def _hf_config(target: str, config: dict[str, Any], state: dict[str, torch.Tenso
         "attention_bias": True,
         "hidden_dropout": 0.0,
         "attention_dropout": 0.0,
+        "rotary_pct": rotary_pct,
+        "rotary_emb_base": arch["rotary_emb_base"],
+        "rope_parameters": {"rope_type": "default", "rope_theta": arch["rotary_emb_base"], "partial_rotary_factor": rotary_pct},
         **common,
     }
-    if target == "gpt_neox":
-        neox["rotary_pct"] = rotary_pct
-        neox["rotary_emb_base"] = arch["rotary_emb_base"]
-        neox["rope_parameters"] = {"rope_type": "default", "rope_theta": arch["rotary_emb_base"], "partial_rotary_factor": rotary_pct}
-    else:
-        neox["positional_embedding"] = arch["pos_emb"]
-    return neox
 
 
-def _copy_tokenizer(files: Iterable[str | Path], folder: Path, max_length: int) -> None:
+def _copy_tokenizer(files: Iterable[str | Path], folder: Path, max_length: int) -> int | None:
+    """Copy the tokenizer files into ``folder`` with a ``tokenizer_config.json`` naming the
+    end-of-document token as ``eos_token`` and ``bos_token``; returns its id (``None``: no tokenizer)."""
+    from kerple.data.tokenizers import GPT2BPETokenizer, HFTokenizer
+
     names = {}
     for source in files:
         source = Path(source)
@@ -219,12 +233,17 @@ def _copy_tokenizer(files: Iterable[str | Path], folder: Path, max_length: int) 
         shutil.copyfile(source, folder / target)
         names[target] = True
     if "tokenizer.json" in names:
+        kerple_tokenizer = HFTokenizer(folder / "tokenizer.json")
         tok = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length}
     elif "vocab.json" in names and "merges.txt" in names:
-        tok = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": max_length, "eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
+        kerple_tokenizer = GPT2BPETokenizer(folder / "vocab.json", folder / "merges.txt")
+        tok = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": max_length, "unk_token": "<|endoftext|>"}
     else:
-        return
+        return None
+    eod = kerple_tokenizer.eod
+    tok["eos_token"] = tok["bos_token"] = kerple_tokenizer.backend.id_to_token(eod)
     (folder / "tokenizer_config.json").write_text(json.dumps(tok, indent=1) + "\n")
+    return eod
 
 
 def export_huggingface(
@@ -240,13 +259,14 @@ def export_huggingface(
     Hugging Face folder at ``out_dir``.
 
     ``config`` is the flat kerple config (``Config.to_dict()`` plus ``padded_vocab_size``);
-    ``target`` defaults to :func:`target_for`. The folder is assembled under a temporary name and
-    renamed into place; an existing non-empty ``out_dir`` is refused.
+    ``target`` defaults to :func:`target_for`. ``eos_token_id`` (``bos_token_id`` too) defaults to
+    the tokenizer's end-of-document id. The folder is assembled under a temporary name and renamed
+    into place; an existing non-empty ``out_dir`` is refused.
     """
     from safetensors.torch import save_file
 
-    target = target or target_for(config)
     allowed = target_for(config)
+    target = target or allowed
     if target != "kerple" and target != allowed:
         raise CheckpointError(
             f"a {config.get('pos_emb')!r} model cannot be exported as {target!r} (it maps to {allowed!r}); "
@@ -264,18 +284,21 @@ def export_huggingface(
     if target == "gpt2":
         tensors = _gpt2_tensors(state, int(config["num_attention_heads"]))
     else:
-        kerple = target == "kerple"
-        adapter = NeoxAdapter.for_embedding(_layer_count(state), str(config.get("pos_emb", "learned"))) if kerple else None
-        tensors = _neox_tensors(state, adapter)
+        tensors = _neox_tensors(state, with_positional=target == "kerple")
     tensors = {name: t.detach().cpu().contiguous().clone() for name, t in tensors.items()}
-    hf = _hf_config(target, config, state, eos_token_id)
-    hf["kerple"] = {"format": 1, "target": target, "config": config}
+    hf = _hf_config(target, config, state)
+    hf["kerple"] = {"format": EXPORT_FORMAT, "target": target, "config": config}
     out.parent.mkdir(parents=True, exist_ok=True)
     temporary = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-"))
     try:
         save_file(tensors, str(temporary / "model.safetensors"), metadata={"format": "pt"})
+        eod = _copy_tokenizer(tokenizer_files, temporary, _architecture(config)["max_positions"])
+        eos = eos_token_id if eos_token_id is not None else eod
+        if eos is not None and eos < hf["vocab_size"]:
+            hf.update(bos_token_id=eos, eos_token_id=eos)
         (temporary / "config.json").write_text(json.dumps(hf, indent=1, default=str) + "\n")
-        _copy_tokenizer(tokenizer_files, temporary, _architecture(config)["max_positions"])
+        if target == "kerple":
+            write_remote_code(temporary)
         if out.exists():
             out.rmdir()
         os.replace(temporary, out)
@@ -283,6 +306,13 @@ def export_huggingface(
         shutil.rmtree(temporary, ignore_errors=True)
         raise
     return out
+
+
+def describe_export(config: dict[str, Any], target: str | None = None) -> str:
+    """The export log's line: the class a folder of ``config``'s model loads in, and why (``target``
+    as for :func:`export_huggingface`)."""
+    chosen = target_for(config)
+    return export_note(config, target or chosen, chosen)
 
 
 def _config_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
@@ -341,7 +371,7 @@ def import_huggingface(folder: str | Path) -> tuple[dict[str, torch.Tensor], dic
         return _from_gpt2(tensors, int(hf["n_head"])), config
     if hf.get("model_type") not in ("gpt_neox", "kerple"):
         raise CheckpointError(f"{folder}: model_type {hf.get('model_type')!r} is not gpt_neox, gpt2 or kerple")
-    state = _from_neox(tensors)
+    state = _from_neox(tensors, stock=hf.get("model_type") == "gpt_neox")
     if config.get("pos_emb") == "rotary":
         _add_inv_freq(state, config)
     return state, config
@@ -355,22 +385,28 @@ def _add_inv_freq(state: dict[str, torch.Tensor], config: dict[str, Any]) -> Non
     state.setdefault("positional.inv_freq", 1.0 / (float(config.get("rotary_emb_base", 10000.0)) ** exponents))
 
 
-def _from_neox(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    layers = len({name.split(".")[2] for name in tensors if name.startswith("gpt_neox.layers.")})
-    state = {"embedding.word_embeddings.weight": tensors["gpt_neox.embed_in.weight"]}
-    for i in range(layers):
-        for key in LAYER_KEYS:
-            state[f"layers.{i}.{key}"] = tensors[f"gpt_neox.layers.{i}.{key}"]
-    for part in ("weight", "bias"):
-        state[f"final_norm.{part}"] = tensors[f"gpt_neox.final_layer_norm.{part}"]
-    head = tensors.get("embed_out.weight", tensors.get("lm_head.weight"))
-    if head is not None:
-        state["lm_head.weight"] = head
+def _model_name(name: str, stock: bool) -> str | None:
+    """The model's name for a GPTNeoX-layout tensor; ``None`` for what a stock folder holds beyond
+    the weights (``attention.bias`` masks, ``rotary_emb.inv_freq``, recomputed on import)."""
+    if name == "lm_head.weight":  # transformers 5's name of embed_out
+        return name
+    if name.startswith(FORMAT1_POSITIONAL + FORMAT1_INPUT):
+        return "positional." + name[len(FORMAT1_POSITIONAL + FORMAT1_INPUT) :]
+    if name.startswith(FORMAT1_POSITIONAL):  # kerple_positional.attention.<module>.<key>
+        return "positional." + positional_module_key(name[len(FORMAT1_POSITIONAL) :])
+    internal = _rename(name, [(new, old) for old, new in _NEOX_PREFIXES])
+    if stock and internal is not None and internal.startswith("layers."):
+        return internal if internal.split(".", 2)[2] in LAYER_KEYS else None
+    return internal
+
+
+def _from_neox(tensors: dict[str, torch.Tensor], stock: bool) -> dict[str, torch.Tensor]:
+    """A GPTNeoX-layout folder's tensors under the model's names (a ``stock`` folder's weights only)."""
+    state = {}
     for name, tensor in tensors.items():
-        if name.startswith(POSITIONAL_PREFIX + INPUT_POSITIONAL):
-            state["positional." + name[len(POSITIONAL_PREFIX + INPUT_POSITIONAL) :]] = tensor
-        elif name.startswith(POSITIONAL_PREFIX):  # kerple_positional.attention.<module>.<key>
-            state["positional." + positional_module_key(name[len(POSITIONAL_PREFIX) :])] = tensor
+        internal = _model_name(name, stock)
+        if internal is not None:
+            state[internal] = tensor
     return state
 
 

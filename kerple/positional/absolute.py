@@ -6,6 +6,8 @@ embedding of GPT-NeoX (docs/reference-format.md §3; Vaswani et al. 2017 §3.5).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -19,6 +21,9 @@ class NoPositionalEmbedding(PositionalEmbedding):
     """
 
     kind = PositionKind.NONE
+
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        return {}
 
 
 def _check_positions(positions: torch.Tensor, max_positions: int, name: str) -> None:
@@ -59,6 +64,9 @@ class LearnedPositionalEmbedding(PositionalEmbedding):
         table = self.position_embeddings(positions)  # [s, h]
         return hidden + table.to(hidden.dtype)
 
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        return {"input": {"form": "learned", "table": {"tensor": "position_embeddings.weight"}}}
+
 
 def sinusoidal_table(positions: torch.Tensor, hidden_size: int) -> torch.Tensor:
     """``cat(sin(t * inv_freq), cos(t * inv_freq))`` as float32 ``[*positions.shape, hidden_size]``.
@@ -90,3 +98,6 @@ class SinusoidalPositionalEmbedding(PositionalEmbedding):
     def embed(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``hidden [b, s, h] + cat(sin, cos)[positions]``."""
         return hidden + sinusoidal_table(positions, self.hidden_size).to(hidden.dtype)
+
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        return {"input": {"form": "sinusoidal"}}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -111,3 +112,7 @@ class AlibiBias(PositionalEmbedding):
     def logit_term(self) -> LogitTerm:
         """``-slope_h * d`` per score from the ``[H]`` slopes."""
         return LogitTerm((self.slopes.float(),), bias=per_head_term(linear_bias, ("slope",)))
+
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        """``-a * d^p`` with ``a`` the slopes and ``p = 1``."""
+        return {"bias": {"form": "power", "a": {"tensor": "slopes"}}}

@@ -30,7 +30,7 @@ The transformer layer never names an embedding: it asks for these hooks and noth
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 from torch import nn
@@ -241,6 +241,19 @@ class PositionalEmbedding(nn.Module):
         The returned closed form is evaluated at absolute positions, like :meth:`logit_term`'s.
         """
         return None
+
+    # --- portable description ---------------------------------------------------------------
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        """This embedding as data for the self-contained Hugging Face model (docs/interop.md).
+
+        ``{place: {"form": name, <parameter>: value, ...}}``: ``place`` is where a term acts
+        (``input``, ``query_key``, ``bias``, ``weight``, ``layer_bias``, as the hooks above), ``form`` one of the
+        formulas ``modeling_kerple.py`` holds for that place, and a parameter is a number, a list
+        (one value per head) or ``{"tensor": key, "min": lo, "max": hi}``: a tensor of this module's
+        ``state_dict()``, clamped in the forward like :func:`~kerple.positional.functional.straight_through_clamp`.
+        ``"float64": True`` computes the term in float64 before its float32 cast. ``{}``: no term.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not describe itself for the Hugging Face export")
 
     # --- monitoring -------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:

@@ -49,6 +49,7 @@ class GaussWeight1(LearnableKernel):
     kind = PositionKind.WEIGHT
     parameter_specs = {"wei_a": _COEFFICIENT}
     scale_formula = staticmethod(squared_weight)
+    scale_export = ("exp", {"a": "wei_a", "p": 2})
 
 
 class GaussWeight2(LearnableKernel):
@@ -57,6 +58,7 @@ class GaussWeight2(LearnableKernel):
     kind = PositionKind.WEIGHT
     parameter_specs = {"wei_p": _POWER, "wei_a": _COEFFICIENT}
     scale_formula = staticmethod(power_weight)  # the same function as kerple_wht
+    scale_export = ("exp", {"a": "wei_a", "p": "wei_p"})
 
 
 class GaussBias2(LearnableKernel):
@@ -65,6 +67,7 @@ class GaussBias2(LearnableKernel):
     kind = PositionKind.BIAS
     parameter_specs = {"bias_scale": _AMPLITUDE, "bias_a": _COEFFICIENT}
     bias_formula = staticmethod(squared_bias)
+    bias_export = ("exp", {"s": "bias_scale", "a": "bias_a", "p": 2})
 
 
 class GaussBias3(LearnableKernel):
@@ -76,3 +79,4 @@ class GaussBias3(LearnableKernel):
     kind = PositionKind.BIAS
     parameter_specs = {"bias_scale": _AMPLITUDE, "bias_p": _POWER, "bias_a": _COEFFICIENT}
     bias_formula = staticmethod(power_bias)
+    bias_export = ("exp", {"s": "bias_scale", "a": "bias_a", "p": "bias_p"})

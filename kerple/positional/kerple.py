@@ -26,7 +26,7 @@ with the parameters of one head and one score's distance (the closed form of
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -37,6 +37,9 @@ from kerple.positional.functional import distance_power, distance_vector, straig
 from kerple.positional.logit_term import LogitTerm, per_head_term
 
 Formula = Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
+# A term's form in the Hugging Face export: (form of modeling_kerple.py, {its parameter: a parameter
+# name of the family, or a number}); see PositionalEmbedding.export_terms
+ExportForm = tuple[str, dict[str, Any]]
 
 MIN_VALUE = 0.01
 MAX_EXPONENT = 2.0
@@ -53,6 +56,8 @@ class LearnableKernel(PositionalEmbedding):
     The terms are the static ``bias_formula`` and ``scale_formula`` (either may be ``None``): each
     maps ``{name: parameter}`` and the float32 distance to the term, reading the parameters named
     ``bias_*`` (the bias) or ``wei_*`` (the weight, i.e. the logit scale), the reference's naming.
+    ``bias_export`` and ``scale_export`` name the same formulas for the Hugging Face export
+    (:meth:`export_terms`).
     """
 
     state_dict_name = "rpe"
@@ -60,6 +65,8 @@ class LearnableKernel(PositionalEmbedding):
     parameter_specs: dict[str, tuple[float, float, float | None]] = {}
     bias_formula: Formula | None = None
     scale_formula: Formula | None = None
+    bias_export: ExportForm | None = None
+    scale_export: ExportForm | None = None
 
     def __init__(self, *, num_heads: int, head_dim: int, hidden_size: int, max_positions: int) -> None:
         super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
@@ -72,6 +79,21 @@ class LearnableKernel(PositionalEmbedding):
         _, low, high = self.parameter_specs[name]
         param = getattr(self, name).float().reshape(self.num_heads, 1)
         return straight_through_clamp(param, low, high)
+
+    def tensor_reference(self, name: str) -> dict[str, Any]:
+        """Parameter ``name`` for :meth:`export_terms`: its key and its clamp bounds."""
+        _, low, high = self.parameter_specs[name]
+        return {"tensor": name, "min": low} if high is None else {"tensor": name, "min": low, "max": high}
+
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        """``bias_export`` as the ``bias`` term and ``scale_export`` as the ``weight`` term."""
+        terms = {}
+        for place, export in (("bias", self.bias_export), ("weight", self.scale_export)):
+            if export is not None:
+                form, parameters = export
+                values = {key: self.tensor_reference(value) if isinstance(value, str) else value for key, value in parameters.items()}
+                terms[place] = {"form": form, **values}
+        return terms
 
     def distances(self, k_len: int, device: torch.device | None = None) -> torch.Tensor:
         """Float32 ``[1, k_len]`` distances ``0..k_len-1``, cached per (k_len, device)."""
@@ -150,6 +172,7 @@ class KerpleLog(LearnableKernel):
     kind = PositionKind.BIAS
     parameter_specs = {"bias_p": (2.0, MIN_VALUE, None), "bias_a": (1.0, MIN_VALUE, None)}
     bias_formula = staticmethod(log_bias)
+    bias_export = ("log", {"a": "bias_p", "b": "bias_a"})
 
 
 class KerpleLog3(LearnableKernel):
@@ -168,10 +191,13 @@ class KerpleLog3(LearnableKernel):
         "bias_pow": (2.0, MIN_VALUE, MAX_EXPONENT),
     }
     bias_formula = staticmethod(log3_bias)
+    bias_export = ("log", {"a": "bias_p", "b": "bias_a", "p": "bias_pow"})
 
 
 _POWER = (2.0, MIN_VALUE, MAX_EXPONENT)
 _COEFFICIENT = (1.0, MIN_VALUE, None)
+_POWER_BIAS_EXPORT = ("power", {"a": "bias_a", "p": "bias_p"})
+_POWER_WEIGHT_EXPORT = ("exp", {"a": "wei_a", "p": "wei_p"})
 
 
 class KerplePower(LearnableKernel):
@@ -185,6 +211,7 @@ class KerplePower(LearnableKernel):
     kind = PositionKind.BIAS
     parameter_specs = {"bias_p": _POWER, "bias_a": _COEFFICIENT}
     bias_formula = staticmethod(power_bias)
+    bias_export = _POWER_BIAS_EXPORT
 
 
 class KerpleBiasWeight(LearnableKernel):
@@ -198,6 +225,7 @@ class KerpleBiasWeight(LearnableKernel):
     parameter_specs = {"bias_p": _POWER, "bias_a": _COEFFICIENT, "wei_p": _POWER, "wei_a": _COEFFICIENT}
     bias_formula = staticmethod(power_bias)
     scale_formula = staticmethod(power_weight)
+    bias_export, scale_export = _POWER_BIAS_EXPORT, _POWER_WEIGHT_EXPORT
 
 
 class KerpleWeight(LearnableKernel):
@@ -210,6 +238,7 @@ class KerpleWeight(LearnableKernel):
     kind = PositionKind.WEIGHT
     parameter_specs = {"wei_p": _POWER, "wei_a": _COEFFICIENT}
     scale_formula = staticmethod(power_weight)
+    scale_export = _POWER_WEIGHT_EXPORT
 
 
 class KerplePowerOriginal(PositionalEmbedding):
@@ -255,3 +284,7 @@ class KerplePowerOriginal(PositionalEmbedding):
     def logit_term(self) -> LogitTerm:
         """``-max(slope_h, 0.01) * d`` per score from the ``[H]`` slopes."""
         return LogitTerm((self._slopes(),), bias=per_head_term(linear_bias, ("slope",)))
+
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        """``-a * d`` with ``a = max(bias_a, 0.01)``."""
+        return {"bias": {"form": "power", "a": {"tensor": "bias_a", "min": MIN_VALUE}}}

@@ -11,6 +11,7 @@ rotated; the rest pass through. Within the rotated part the "rotate_half" layout
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -87,3 +88,6 @@ class RotaryEmbedding(PositionalEmbedding):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``query``/``key`` ``[b, H, s, head_dim]`` by their absolute positions ``[s]``."""
         return self._rotate_one(query, q_positions), self._rotate_one(key, k_positions)
+
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        return {"query_key": {"form": "rotary", "inv_freq": {"tensor": "inv_freq"}}}

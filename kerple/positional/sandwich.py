@@ -102,6 +102,9 @@ class Sandwich(PositionalEmbedding):
             self._table_cache = cache
         return cache[2], None
 
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        return {"bias": {"form": "sandwich", "dim": self.sandwich_dim, "ratio": self._ratios64.tolist(), "float64": True}}
+
 
 def fit_log_curve(distance: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row least squares of ``values [H, n] ≈ -α·log(1+d) + β``; returns ``(α [H], β [H])`` float64."""
@@ -142,6 +145,11 @@ class SmoothedSandwich(Sandwich):
         device = self.compression_ratio.device
         tensors = (self.alpha.to(device, torch.float32), self.beta.to(device, torch.float32))
         return LogitTerm(tensors, bias=per_head_term(smoothed_bias, ("alpha", "beta")))
+
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        """``-a * log(1 + b * d) + offset`` with ``a = α``, ``b = 1``, ``offset = β``, in float64."""
+        curve = {"a": self.alpha.tolist(), "b": 1.0, "offset": self.beta.tolist()}
+        return {"bias": {"form": "log", **curve, "float64": True}}
 
 
 __all__ = [

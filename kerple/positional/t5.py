@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -103,3 +104,7 @@ class T5RelativeBias(PositionalEmbedding):
         buckets = self.buckets(k_len, device)
         table = self.weight.float().to(buckets.device)[buckets]  # [k_len, H]
         return table.transpose(0, 1) * self.scale, None
+
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        bucket = {"num_buckets": self.num_buckets, "max_distance": self.max_distance, "scale": self.scale}
+        return {"bias": {"form": "bucket", "table": {"tensor": "weight"}, **bucket}}

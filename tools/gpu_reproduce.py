@@ -1,0 +1,20 @@
+"""`make gpu-reproduce`: the KERPLE paper's Table 3 at 162M on one GPU, in re-runnable chunks.
+
+    python tools/gpu_reproduce.py                      # one chunk of at most 9 minutes; run again to continue
+    python tools/gpu_reproduce.py --tokens 100M --minutes 0
+    python tools/gpu_reproduce.py --scale tiny         # the same orchestration on a CPU in a minute
+
+What it runs, and why in child processes: kerple/reproduce/.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kerple.reproduce.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())
