@@ -56,6 +56,7 @@ def positional_description(config: dict[str, Any], state: dict[str, torch.Tensor
         head_dim=hidden // heads,
         hidden_size=hidden,
         max_positions=int(config.get("max_position_embeddings") or config.get("seq_length") or 2048),
+        num_layers=len({name.split(".")[1] for name in state if name.startswith("layers.")}) or 1,
         **options,
     )
     stored = {name[len("positional."):]: tensor for name, tensor in state.items() if name.startswith("positional.")}

@@ -27,7 +27,7 @@ Decoding with a KV cache: the cache keeps each layer's ``s`` of the cached token
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -91,3 +91,7 @@ class Cable(PositionalEmbedding):
             sums = cache.extend_term_values(layer, sums)  # [b, H, cached + n]
             first = cache.position + hidden.shape[1] - sums.shape[-1]
         return LogitTerm((sums, sums.clone()), bias=cable_term(first))
+
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        """The ``cable`` layer form: each layer's increments from its rows of ``weight`` and ``bias``."""
+        return {"layer_bias": {"form": "cable", "weight": {"tensor": "weight"}, "bias": {"tensor": "bias"}}}

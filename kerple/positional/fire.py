@@ -38,6 +38,7 @@ and memory stays O(L). Eager and sdpa evaluate the same function on the grid of 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -128,3 +129,9 @@ class Fire(PositionalEmbedding):
             *(w.clone() for w in second.weight.float().unbind(1)),  # W x [H]
         )
         return LogitTerm(tensors, bias=fire_term(self.mlp[0].out_features))
+
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        """The ``fire`` bias form (a form of the query position too) reading the stored tensors."""
+        names = {"c": "c", "L_multiplier": "L_multiplier", "init_L": "init_L", "first_weight": "mlp.0.weight",
+                 "first_bias": "mlp.0.bias", "second_weight": "mlp.2.weight"}
+        return {"bias": {"form": "fire", **{key: {"tensor": name} for key, name in names.items()}}}

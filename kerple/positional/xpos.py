@@ -23,6 +23,7 @@ float16 (65,504) only up to about 4,500: half-precision runs should use bf16.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -93,3 +94,8 @@ class XposEmbedding(RotaryEmbedding):
             self._rotate_one(query, q_positions, self._scale(q_positions, 1.0)),
             self._rotate_one(key, k_positions, self._scale(k_positions, -1.0)),
         )
+
+    def export_terms(self) -> dict[str, dict[str, Any]]:
+        """The ``xpos`` query/key form with the rotary frequencies, the decay, B and the fixed centre."""
+        return {"query_key": {"form": "xpos", "inv_freq": {"tensor": "inv_freq"}, "decay": {"tensor": "decay"},
+                              "scale_base": self.scale_base, "centre": float(self.centre)}}

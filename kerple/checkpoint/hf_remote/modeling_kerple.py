@@ -13,17 +13,18 @@ The positional embedding is data, not code: ``config.positional`` names, for eac
 embedding can act, a *form* (a formula of this file) and its per-head parameters:
 
 * ``input``: added to the token embeddings (``learned`` table, ``sinusoidal``);
-* ``query_key``: applied to queries and keys (``rotary``);
+* ``query_key``: applied to queries and keys (``rotary``, ``xpos``);
 * ``bias``: added to the scaled attention logits;
-* ``weight``: multiplies the scaled logits first, ``scores * weight + bias`` (KERPLE paper §5.3).
+* ``weight``: multiplies the scaled logits first, ``scores * weight + bias`` (KERPLE paper §5.3);
+* ``layer_bias``: added to the scaled logits too, computed by each layer from its input (``cable``).
 
-``bias`` and ``weight`` forms are functions of the causal distance ``d = i - j`` alone: each builds a
-per-head table ``[H, k_len]`` once per forward, which is gathered into ``[H, q_len, k_len]`` and
-shared by all layers. A parameter is a number, a list (one value per head) or
-``{"tensor": name, "min": lo, "max": hi}``: a tensor stored under ``gpt_neox.positional.<name>``
-(listed in ``config.positional["tensors"]``), clamped to ``[lo, hi]`` in the forward. A new
-embedding adds one form to the table of its place; a term that depends on more than the distance
-(the query position, the tokens) adds a table of forms that receive those instead.
+Most ``bias`` and ``weight`` forms are functions of the causal distance ``d = i - j`` alone: each
+builds a per-head table ``[H, k_len]`` once per forward, which is gathered into ``[H, q_len, k_len]``
+and shared by all layers; a ``bias`` form of the query position as well (``fire``) receives the
+queries' position ids and returns ``[b, H, q_len, k_len]``. A parameter is a number, a list (one
+value per head) or ``{"tensor": name, "min": lo, "max": hi}``: a tensor stored under
+``gpt_neox.positional.<name>`` (listed in ``config.positional["tensors"]``), clamped to ``[lo, hi]``
+in the forward. A new embedding adds one form to the table of its place.
 """
 
 from __future__ import annotations
@@ -106,6 +107,37 @@ DISTANCE_FORMS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
+# --- bias forms of the query position too: (distances [q, k], query positions [b, q], parameters) ---
+def fire_form(
+    distance: torch.Tensor, query_position: torch.Tensor, c: torch.Tensor, L_multiplier: torch.Tensor,
+    init_L: torch.Tensor, first_weight: torch.Tensor, first_bias: torch.Tensor, second_weight: torch.Tensor,
+) -> torch.Tensor:
+    """FIRE (Li et al. 2023, §3): ``MLP(ψ(i - j) / ψ(max(i, L)))``, ``ψ(x) = log(|c·x| + 1)``,
+    ``L = |L_multiplier·init_L|``, the MLP ``Linear(1, W)``, ReLU, ``Linear(W, H)`` without bias,
+    ``i`` the query's position; ``[b, H, q, k]``."""
+    c = c.abs()
+    threshold = (L_multiplier * init_L).abs()
+    normaliser = torch.log1p(c * torch.maximum(query_position.float(), threshold)) + 1e-6  # [b, q]
+    normalised = torch.log1p(c * distance.clamp(min=0)) / normaliser[..., None]  # [b, q, k]
+    hidden = torch.relu(normalised[..., None] * first_weight[:, 0] + first_bias)  # [b, q, k, W]
+    return (hidden @ second_weight.transpose(0, 1)).permute(0, 3, 1, 2)  # [b, H, q, k]
+
+
+POSITION_FORMS: dict[str, Callable[..., torch.Tensor]] = {"fire": fire_form}
+
+
+# --- layer_bias forms: (a layer's input [b, s, h], its index, parameters) -> increments [b, H, s] ---
+def cable_increments(
+    hidden: torch.Tensor, layer: int, weight: torch.Tensor, bias: torch.Tensor
+) -> torch.Tensor:
+    """CABLE (Veisi et al. 2025, §3): ``-softplus(W_l x_t + a_l)`` per head; the bias is ``s_i - s_j``
+    with ``s_t`` the running sum of these up to ``t``."""
+    return -F.softplus(hidden.float() @ weight[layer].transpose(0, 1) + bias[layer]).transpose(1, 2)
+
+
+LAYER_FORMS: dict[str, Callable[..., torch.Tensor]] = {"cable": cable_increments}
+
+
 # --- input forms: (positions [b, s], hidden size, parameters) -> [b, s, h] -------------------------
 def learned_input(positions: torch.Tensor, hidden_size: int, table: torch.Tensor) -> torch.Tensor:
     """A trained absolute table; it does not extend past its rows."""
@@ -134,30 +166,51 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-second, first], dim=-1)
 
 
-def rotary_query_key(
-    query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary (Su et al. 2021) on the first ``2 * len(inv_freq)`` channels, GPT-NeoX's rotate_half
-    layout, computed in float32."""
+def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The first ``2 * len(inv_freq)`` channels of ``x [b, H, s, d]`` rotated (GPT-NeoX's rotate_half
+    layout) and then multiplied by ``scale [b, 1, s, 2 * len(inv_freq)]`` if given, in float32."""
     ndims = 2 * inv_freq.shape[0]
     angles = positions.to(torch.float32)[..., None] * inv_freq  # [b, s, ndims/2]
     angles = torch.cat([angles, angles], dim=-1)[:, None]  # [b, 1, s, ndims]
-    cos, sin = angles.cos(), angles.sin()
-
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        rotated = x[..., :ndims].float()
-        rotated = rotated * cos + _rotate_half(rotated) * sin
-        return torch.cat([rotated.to(x.dtype), x[..., ndims:]], dim=-1)
-
-    return rotate(query), rotate(key)
+    rotated = x[..., :ndims].float()
+    rotated = rotated * angles.cos() + _rotate_half(rotated) * angles.sin()
+    if scale is not None:
+        rotated = rotated * scale
+    return torch.cat([rotated.to(x.dtype), x[..., ndims:]], dim=-1)
 
 
-QUERY_KEY_FORMS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {"rotary": rotary_query_key}
+def rotary_query_key(
+    query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary (Su et al. 2021) on the first ``2 * len(inv_freq)`` channels."""
+    return _rotate(query, positions, inv_freq), _rotate(key, positions, inv_freq)
+
+
+def xpos_query_key(
+    query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, decay: torch.Tensor,
+    scale_base: float, centre: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """xPos (Sun et al. 2022, §3.2): rotary, then pair ``c`` of a query at position ``n`` scaled by
+    ``decay_c^((n - centre)/scale_base)`` and of a key by ``decay_c^(-(n - centre)/scale_base)``."""
+    offsets = (positions.to(torch.float32) - centre)[..., None] / scale_base  # [b, s, 1]
+
+    def scale(sign: float) -> torch.Tensor:
+        half = decay ** (sign * offsets)  # [b, s, ndims/2]
+        return torch.cat([half, half], dim=-1)[:, None]  # [b, 1, s, ndims]
+
+    return _rotate(query, positions, inv_freq, scale(1.0)), _rotate(key, positions, inv_freq, scale(-1.0))
+
+
+QUERY_KEY_FORMS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+    "rotary": rotary_query_key,
+    "xpos": xpos_query_key,
+}
 FORMS: dict[str, dict[str, Callable[..., Any]]] = {
     "input": INPUT_FORMS,
     "query_key": QUERY_KEY_FORMS,
-    "bias": DISTANCE_FORMS,
+    "bias": {**DISTANCE_FORMS, **POSITION_FORMS},
     "weight": DISTANCE_FORMS,
+    "layer_bias": LAYER_FORMS,
 }
 
 
@@ -221,18 +274,35 @@ class KerplePositional(nn.Module):
             return query, key
         return QUERY_KEY_FORMS[term["form"]](query, key, positions, **self._parameters_of(term, torch.float32, query.device))
 
-    def logit_term(self, place: str, query_index: torch.Tensor, k_len: int) -> torch.Tensor | None:
-        """The ``bias`` or ``weight`` term, float32 ``[H, q_len, k_len]``, for queries at absolute
-        indices ``query_index`` over keys ``0 .. k_len - 1``; ``None`` when the embedding has none."""
+    def logit_term(
+        self, place: str, query_index: torch.Tensor, k_len: int, positions: torch.Tensor
+    ) -> torch.Tensor | None:
+        """The ``bias`` or ``weight`` term, float32 ``[H, q_len, k_len]`` (``[b, H, q_len, k_len]`` for a
+        form of the query position, which reads the queries' position ids ``positions [b, q]``), for
+        queries at absolute indices ``query_index`` over keys ``0 .. k_len - 1``; ``None`` when the
+        embedding has none."""
         term = self.terms.get(place)
         if term is None:
             return None
+        if term["form"] in POSITION_FORMS:
+            signed = query_index[:, None] - torch.arange(k_len, device=query_index.device)[None, :]  # [q, k]
+            parameters = self._parameters_of(term, torch.float32, query_index.device)
+            return POSITION_FORMS[term["form"]](signed.to(torch.float32), positions, **parameters)
         dtype = torch.float64 if term.get("float64") else torch.float32
         distance = torch.arange(k_len, dtype=dtype, device=query_index.device)[None, :]  # [1, k]
         table = DISTANCE_FORMS[term["form"]](distance, **self._parameters_of(term, dtype, query_index.device))
         table = table.to(torch.float32).expand(self.num_heads, k_len)  # [H, k]
         offsets = (query_index[:, None] - torch.arange(k_len, device=query_index.device)[None, :]).clamp(min=0)
         return table[:, offsets]  # [H, q, k]
+
+    def layer_increments(self, layer: int, hidden: torch.Tensor) -> torch.Tensor | None:
+        """The ``layer_bias`` term's per-token values ``[b, H, s]`` for layer ``layer``'s input
+        ``hidden [b, s, h]``, float32; ``None`` when the embedding has no such term."""
+        term = self.terms.get("layer_bias")
+        if term is None:
+            return None
+        parameters = self._parameters_of(term, torch.float32, hidden.device)
+        return LAYER_FORMS[term["form"]](hidden, layer, **parameters)
 
 
 # --- the decoder ----------------------------------------------------------------------------------
@@ -286,7 +356,7 @@ class AttentionInputs:
     """What every layer of one forward shares: positions, the positional logit terms, the mask, the cache."""
 
     positions: torch.Tensor  # [b, s] positions of the new tokens
-    bias: torch.Tensor | None  # [H, q, k] float32
+    bias: torch.Tensor | None  # [H, q, k] or [b, H, q, k] float32
     scale: torch.Tensor | None  # [H, q, k] float32
     allowed: torch.Tensor  # bool [b or 1, 1, q, k]
     cache: Cache | None
@@ -308,13 +378,23 @@ class KerpleAttention(nn.Module):
         qkv = self.query_key_value(hidden).view(batch, seq, self.num_heads, 3 * self.head_dim).transpose(1, 2)
         query, key, value = qkv.split(self.head_dim, dim=-1)  # each [b, H, s, d]
         query, key = positional.rotate(query, key, inputs.positions)
+        increments = positional.layer_increments(self.layer_index, hidden)  # [b, H, s] (CABLE) or None
+        if increments is not None:  # one more key channel, so that the cache keeps them with the keys
+            key = torch.cat([key, increments[..., None].to(key.dtype)], dim=-1)
         if inputs.cache is not None:
-            key, value = inputs.cache.update(key, value, self.layer_index)  # [b, H, k, d]
+            key, value = inputs.cache.update(key, value, self.layer_index)  # [b, H, k, d (+ 1)]
+        layer_bias = None
+        if increments is not None:
+            sums = key[..., -1].float().cumsum(dim=-1)  # [b, H, k]: s_t over every key so far
+            key = key[..., :-1]
+            layer_bias = sums[..., -seq:, None] - sums[..., None, :]  # [b, H, q, k]: s_i - s_j
         scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))
         if inputs.scale is not None:
             scores = scores * inputs.scale
         if inputs.bias is not None:
             scores = scores + inputs.bias
+        if layer_bias is not None:
+            scores = scores + layer_bias
         scores = scores.masked_fill(~inputs.allowed, float("-inf"))  # [b, H, q, k]
         probs = torch.softmax(scores, dim=-1).to(value.dtype)
         output = torch.matmul(probs, value).transpose(1, 2).reshape(batch, seq, width)
@@ -423,8 +503,8 @@ class KerpleModel(KerplePreTrainedModel):
         hidden = self.positional.embed(hidden, position_ids)
         inputs = AttentionInputs(
             positions=position_ids,
-            bias=self.positional.logit_term("bias", query_index, past + hidden.shape[1]),
-            scale=self.positional.logit_term("weight", query_index, past + hidden.shape[1]),
+            bias=self.positional.logit_term("bias", query_index, past + hidden.shape[1], position_ids),
+            scale=self.positional.logit_term("weight", query_index, past + hidden.shape[1], position_ids),
             allowed=self._allowed(query_index, past + hidden.shape[1], attention_mask),
             cache=cache,
         )

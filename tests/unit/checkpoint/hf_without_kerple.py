@@ -7,8 +7,8 @@ Runs in a fresh interpreter started with ``-I`` from a folder outside the reposi
 ``sys.path``. For every folder ``WORK_DIR/folders/<case>`` it loads
 ``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` in float32 and records, in
 ``WORK_DIR/actual.pt``: the class, the logits of ``inputs.pt``'s tokens, greedy generation with and
-without the KV cache, greedy generation of a left-padded batch, and the folder written back by
-``save_pretrained``.
+without the KV cache, greedy generation of a left-padded batch and its logits (position ids from the
+mask, as ``generate`` gives them), and the folder written back by ``save_pretrained``.
 """
 
 from __future__ import annotations
@@ -44,13 +44,16 @@ def main(work: Path, repo: Path) -> None:
         padded = torch.cat([torch.zeros_like(prompt[1:, :2]), short], dim=1)
         mask = torch.cat([torch.zeros_like(prompt[1:, :2]), torch.ones_like(short)], dim=1)
         greedy = {"do_sample": False, "max_new_tokens": new_tokens, "pad_token_id": 0, "eos_token_id": None}
+        batch, batch_mask = torch.cat([prompt[:1], padded]), torch.cat([torch.ones_like(prompt[:1]), mask])
+        position_ids = (batch_mask.cumsum(-1) - 1).clamp(min=0)
         with torch.no_grad():
             results[folder.name] = {
                 "class": type(model).__name__,
                 "logits": model(inputs["tokens"]).logits,
                 "greedy": model.generate(prompt, attention_mask=torch.ones_like(prompt), **greedy),
                 "greedy_no_cache": model.generate(prompt, attention_mask=torch.ones_like(prompt), use_cache=False, **greedy),
-                "padded": model.generate(torch.cat([prompt[:1], padded]), attention_mask=torch.cat([torch.ones_like(prompt[:1]), mask]), **greedy),
+                "padded": model.generate(batch, attention_mask=batch_mask, **greedy),
+                "padded_logits": model(batch, attention_mask=batch_mask, position_ids=position_ids).logits,
             }
         model.save_pretrained(work / "resaved" / folder.name)
     loaded = sorted(name for name in sys.modules if name == "kerple" or name.startswith("kerple."))

@@ -44,6 +44,8 @@ CASES: dict[str, tuple[dict, str | None]] = {
     "rotary_relu_window": ({"pos_emb": "rotary", "activation": "relu", "attention_window": 7}, None),
     "sandwich_softsign": ({"pos_emb": "sandwich", "activation": "softsign", "sandwich_dim": 16}, None),
     "alibi_shifted": ({"pos_emb": "alibi", "alibi_slope_shift": 2.0}, None),
+    # FIRE's threshold below the tokens' positions, so its normaliser ψ(max(i, L)) reads the position ids
+    "fire_short_threshold": ({"pos_emb": "fire", "fire_init_threshold": 3.0}, None),
 }
 STOCK_CLASSES = {"gpt_neox": "GPTNeoXForCausalLM", "gpt2": "GPT2LMHeadModel", "kerple": "KerpleForCausalLM"}
 
@@ -92,6 +94,7 @@ def test_every_registry_embedding_loads_without_kerple_and_matches_it(tmp_path, 
                 "logits": model(tokens),
                 "greedy": generate(model, prompt, NEW_TOKENS),
                 "short": generate(model, prompt[1:, 2:], NEW_TOKENS),
+                "short_logits": model(prompt[1:, 2:]),
             }
         models[case] = model
     result = _run_without_kerple(work)
@@ -108,6 +111,9 @@ def test_every_registry_embedding_loads_without_kerple_and_matches_it(tmp_path, 
         for run in ("greedy", "greedy_no_cache"):
             if not torch.equal(got[run], want["greedy"]):
                 problems.append(f"{case}: {run} {got[run].tolist()} vs kerple {want['greedy'].tolist()}")
+        padded_difference = (got["padded_logits"][1, 2:] - want["short_logits"][0]).abs().max().item()
+        if padded_difference > 1e-5:
+            problems.append(f"{case}: the left-padded row's logits differ by {padded_difference:.3g}")
         if not torch.equal(got["padded"][0], want["greedy"][0]) or not torch.equal(got["padded"][1, 2:], want["short"][0]):
             problems.append(f"{case}: left-padded batch {got['padded'].tolist()} vs kerple {want['greedy'][0].tolist()}, {want['short'][0].tolist()}")
         state, _ = import_huggingface(work / "resaved" / case)
