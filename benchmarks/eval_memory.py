@@ -135,6 +135,8 @@ def _warm_up(model, impl: str, length: int, device: torch.device, vocab: int) ->
         query, key, value = fused.split(head_dim, dim=-1)  # each [1, H, L, d]
         with torch.no_grad():
             context = model.attention_context(length, device)  # the term the layers will hand flex
+            hidden = torch.zeros(1, length, model.hidden_size, device=device, dtype=dtype)
+            context = context.for_layer(0, hidden)  # a term of each layer's input (CABLE) is bound here
             model._flex(query, key, value, context.flex_term(dtype), context.window)
         del fused, query, key, value
     tokens = torch.randint(0, vocab, (1, min(length, 256) + 1), device=device)
