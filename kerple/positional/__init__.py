@@ -53,9 +53,9 @@ _REGISTRY: dict[str, type[PositionalEmbedding]] = {
     "gauss_bias3": GaussBias3,  # KERPLE Appendix A.3 3-para-bias
     "sandwich": Sandwich,  # thesis §4.6.1
     "sandwich_smoothed": SmoothedSandwich,  # thesis §4.6.2
-    "fire": Fire,  # Li et al. 2023, FIRE §3
-    "cable": Cable,  # Veisi et al. 2025, CABLE §3
-    "xpos": XposEmbedding,  # Sun et al. 2022, xPos §3.2
+    "fire": Fire,  # Li et al. 2023, FIRE (arXiv 2310.04418)
+    "cable": Cable,  # Veisi et al. 2025, CABLE (arXiv 2503.08067)
+    "xpos": XposEmbedding,  # Sun et al. 2022, xPos (arXiv 2212.10554)
 }
 
 _ALIASES: dict[str, str] = {

@@ -1,5 +1,5 @@
 """``cable``: Context-Aware Biases for Length Extrapolation (Veisi, Amirzadeh, Mansourian 2025, arXiv
-2503.08067, §3).
+2503.08067).
 
 Each layer turns its own input ``x`` (the attention's input, after ``input_layernorm``) into a
 non-positive value per token and head, sums them causally, and adds the difference of the sums to
@@ -15,8 +15,9 @@ initialises linear layers (weights N(0, 0.02), biases 0), whose attention also c
 the layer's input with one ``Linear(n_embd, n_head)`` per layer. Unlike that code, the scores here
 keep GPT-NeoX's ``1/sqrt(head_dim)`` scale.
 
-``s_i`` is constant along a query row, so the softmax would be the same with ``-s_j`` alone; the
-term keeps ``s_i - s_j`` (the paper's bias, bounded above by 0). It is a closed form of per-token
+The paper's text could not be read where this was written; the formula follows the authors' code
+(``axiomlab/Cable``, ``src/Cable.py``). ``s_i`` is constant along a query row, so the softmax would
+be the same with ``-s_j`` alone; the term keeps ``s_i - s_j`` (the bias, bounded above by 0). It is a closed form of per-token
 tensors: :meth:`Cable.layer_logit_term` returns ``s [b, H, L]`` and a clone of it (read at the query
 and at the key: FlexAttention's one-read rule), bound to the layer before it attends; on CUDA,
 FlexAttention's backward sends the gradient of both to ``s`` and on to ``W``, ``a`` and ``x``.

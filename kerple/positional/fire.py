@@ -1,5 +1,5 @@
 """``fire``: Functional Interpolation for Relative positional Encoding (Li et al. 2023, arXiv
-2310.04418, §3, Eq. (3)-(4)).
+2310.04418).
 
 The bias of query position ``i`` and key position ``j <= i`` is a learned function of their distance,
 normalised by the query position (*progressive interpolation*), through a log transform:
@@ -10,7 +10,8 @@ with ``f_θ`` an MLP ``1 → W → H`` (ReLU; W = 32) and learnable ``c`` and th
 normalised input lies in ``[0, 1]`` at every length, which is why FIRE is meant to extrapolate;
 because it depends on ``i`` and not only on ``i - j``, the term has no distance tables.
 
-Details the paper leaves to its code follow the public GPT-NeoX implementation that sits beside
+The paper's text could not be read where this was written; the formula is checked against the
+public implementations. Details the paper leaves to its code follow the GPT-NeoX one that sits beside
 KERPLE (DAPE's fork, class ``FIRE``): ``ψ(x) = log(|c·x| + 1)``, the threshold is
 ``|L_multiplier · init_L|`` with ``init_L`` fixed and ``L_multiplier`` (initially 1) learned, ``c``
 starts at 0.1, and ``1e-6`` is added to the denominator. Their names are kept (``mlp.0``, ``mlp.2``,
@@ -54,7 +55,7 @@ EPSILON = 1e-6  # added to ψ(max(i, L)), as the public implementation
 class FireOptions:
     """Options of ``fire``."""
 
-    fire_mlp_width: int = option(32, "Hidden width W of FIRE's MLP 1 -> W -> heads (FIRE paper §3).", minimum=1)
+    fire_mlp_width: int = option(32, "Hidden width W of FIRE's MLP 1 -> W -> heads (FIRE paper).", minimum=1)
     fire_init_c: float = option(0.1, "Initial c of FIRE's log transform psi(x) = log(|c x| + 1).", minimum=1e-6)
     fire_init_threshold: float = option(
         512.0,
@@ -64,7 +65,7 @@ class FireOptions:
 
 
 def fire_term(width: int) -> TermFunction:
-    """``f_θ(ψ(i - j) / ψ(max(i, L)))`` per score (FIRE Eq. (4)) for an MLP of ``width`` hidden units,
+    """``f_θ(ψ(i - j) / ψ(max(i, L)))`` per score (FIRE's bias) for an MLP of ``width`` hidden units,
     reading the tensors :meth:`Fire.logit_term` packs: ``c [1]``, ``L_multiplier [1]``, ``init_L [1]``,
     then the first layer's weights ``[1]`` of every hidden unit, its biases ``[1]``, and the second
     layer's columns ``[H]`` (anything after them, e.g. a softmax temperature's ``1/τ``, is not read here).

@@ -1,16 +1,18 @@
 """``xpos``: rotary embedding with an exponential decay per dimension (Sun et al. 2022, *A
-Length-Extrapolatable Transformer*, §3.2, the "extrapolatable position embedding").
+Length-Extrapolatable Transformer*, arXiv 2212.10554, the "extrapolatable position embedding").
 
 Queries and keys are rotated as by :mod:`kerple.positional.rotary` (GPT-NeoX's halves layout,
 ``rotary_pct``, ``rotary_emb_base``), and each rotated pair ``c`` is also scaled: the query at
 position ``n`` by ``ζ_c^(n/B)``, the key at position ``m`` by ``ζ_c^(-m/B)``, so their product
-carries ``ζ_c^((n - m)/B)``, a decay with the distance that is faster for the low-frequency pairs:
+carries ``ζ_c^((n - m)/B)``, a decay with the distance that is fastest for the high-frequency pairs
+(small ``c``):
 
     ζ_c = (2c/r + γ) / (1 + γ),   c = 0 .. r/2 - 1,   r = rotary dims,   γ = 0.4,   B = 512.
 
-γ = 0.4 is the paper's; ``B`` (the *scale base*) and the pairing of ``ζ_c`` with the ``c``-th
-frequency follow the authors' implementation in torchscale (``XPOS``, ``scale_base=512``), which
-also centres the positions of the scale so that the factors stay in range (only ``n - m`` matters).
+Only the start of the paper's text could be read where this was written, so the details follow the
+authors' implementation in torchscale (``XPOS``): γ = 0.4 (its ``0.4 * head_dim``), the scale base
+``B = 512``, the pairing of ``ζ_c`` with the ``c``-th frequency, and positions of the scale centred
+so that the factors stay in range (only ``n - m`` matters).
 Here the centre is fixed, ``max_positions // 2``, rather than half of each call's length: a KV
 cache keeps keys scaled at earlier calls, and a centre that moved with the length would break
 ``ζ^((n - m)/B)`` between them. The rotation itself uses the absolute positions, as torchscale's.
@@ -48,7 +50,7 @@ class XposOptions(RotaryOptions):
 
 
 def xpos_decay(rotary_ndims: int, gamma: float) -> torch.Tensor:
-    """``ζ_c = (2c/r + γ)/(1 + γ)`` for ``c = 0 .. r/2 - 1`` as float32 ``[r/2]`` (xPos §3.2)."""
+    """``ζ_c = (2c/r + γ)/(1 + γ)`` for ``c = 0 .. r/2 - 1`` as float32 ``[r/2]`` (xPos)."""
     pair = torch.arange(0, rotary_ndims, 2, dtype=torch.float32)  # 2c
     return (pair / rotary_ndims + gamma) / (1.0 + gamma)
 

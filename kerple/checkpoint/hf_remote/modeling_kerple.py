@@ -112,7 +112,7 @@ def fire_form(
     distance: torch.Tensor, query_position: torch.Tensor, c: torch.Tensor, L_multiplier: torch.Tensor,
     init_L: torch.Tensor, first_weight: torch.Tensor, first_bias: torch.Tensor, second_weight: torch.Tensor,
 ) -> torch.Tensor:
-    """FIRE (Li et al. 2023, §3): ``MLP(ψ(i - j) / ψ(max(i, L)))``, ``ψ(x) = log(|c·x| + 1)``,
+    """FIRE (Li et al. 2023, arXiv 2310.04418): ``MLP(ψ(i - j) / ψ(max(i, L)))``, ``ψ(x) = log(|c·x| + 1)``,
     ``L = |L_multiplier·init_L|``, the MLP ``Linear(1, W)``, ReLU, ``Linear(W, H)`` without bias,
     ``i`` the query's position; ``[b, H, q, k]``."""
     c = c.abs()
@@ -130,7 +130,7 @@ POSITION_FORMS: dict[str, Callable[..., torch.Tensor]] = {"fire": fire_form}
 def cable_increments(
     hidden: torch.Tensor, layer: int, weight: torch.Tensor, bias: torch.Tensor
 ) -> torch.Tensor:
-    """CABLE (Veisi et al. 2025, §3): ``-softplus(W_l x_t + a_l)`` per head; the bias is ``s_i - s_j``
+    """CABLE (Veisi et al. 2025, arXiv 2503.08067): ``-softplus(W_l x_t + a_l)`` per head; the bias is ``s_i - s_j``
     with ``s_t`` the running sum of these up to ``t``."""
     return -F.softplus(hidden.float() @ weight[layer].transpose(0, 1) + bias[layer]).transpose(1, 2)
 
@@ -190,7 +190,7 @@ def xpos_query_key(
     query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, decay: torch.Tensor,
     scale_base: float, centre: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """xPos (Sun et al. 2022, §3.2): rotary, then pair ``c`` of a query at position ``n`` scaled by
+    """xPos (Sun et al. 2022, arXiv 2212.10554): rotary, then pair ``c`` of a query at position ``n`` scaled by
     ``decay_c^((n - centre)/scale_base)`` and of a key by ``decay_c^(-(n - centre)/scale_base)``."""
     offsets = (positions.to(torch.float32) - centre)[..., None] / scale_base  # [b, s, 1]
 

@@ -109,7 +109,7 @@ def reference_forward(
 
 
 def fire_reference_bias(state: dict[str, torch.Tensor], seq: int) -> torch.Tensor:
-    """FIRE §3: ``MLP(ψ(i - j) / ψ(max(i, L)))``, ψ(x) = log(|c x| + 1), ``[H, s, s]``."""
+    """FIRE: ``MLP(ψ(i - j) / ψ(max(i, L)))``, ψ(x) = log(|c x| + 1), ``[H, s, s]``."""
     prefix = "sequential.2.attention.fire."
     c = state[prefix + "c"].abs()
     threshold = (state[prefix + "L_multiplier"] * state[prefix + "init_L"]).abs()
@@ -121,7 +121,7 @@ def fire_reference_bias(state: dict[str, torch.Tensor], seq: int) -> torch.Tenso
 
 
 def cable_reference_bias(state: dict[str, torch.Tensor]) -> Callable[[int, torch.Tensor], torch.Tensor]:
-    """CABLE §3 for layer ``l``: ``s_i - s_j``, ``s_t = Σ_{k<=t} -softplus(W_l x_k + a_l)``, ``[b, H, s, s]``."""
+    """CABLE for layer ``l``: ``s_i - s_j``, ``s_t = Σ_{k<=t} -softplus(W_l x_k + a_l)``, ``[b, H, s, s]``."""
 
     def layer_bias(layer: int, x: torch.Tensor) -> torch.Tensor:
         weight = state["sequential.2.attention.cable.weight"][layer]

@@ -1,4 +1,4 @@
-"""CABLE (Veisi et al. 2025, §3): the per-layer term against the formula written out, by hand and
+"""CABLE (Veisi et al. 2025, arXiv 2503.08067): the per-layer term against the formula written out, by hand and
 densely, in value and in gradient (to W, a and the layer's input)."""
 
 from __future__ import annotations

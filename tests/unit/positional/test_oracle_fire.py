@@ -1,4 +1,4 @@
-"""FIRE (Li et al. 2023, §3): the closed form against the paper's formula restated densely, and one
+"""FIRE (Li et al. 2023, arXiv 2310.04418): the closed form against the paper's formula restated densely, and one
 score computed by hand."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""xPos (Sun et al. 2022, §3.2): the rotation and decay against the paper's formula in complex form."""
+"""xPos (Sun et al. 2022, arXiv 2212.10554): the rotation and decay against the paper's formula in complex form."""
 
 from __future__ import annotations
 
