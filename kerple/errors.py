@@ -26,6 +26,11 @@ class KerpleError(Exception):
     """A problem with the user's input; entry points print its message without a traceback."""
 
 
+class UsageError(KerpleError):
+    """A command-line argument that cannot be used as given (a count below one, a file where a
+    folder is needed, a path no one can write); reported as one line, like argparse's own errors."""
+
+
 class _CurrentStderr(logging.StreamHandler):
     """A handler writing to whatever ``sys.stderr`` is when a record is emitted (not when the
     handler was made), so redirected or captured stderr receives the project's log lines."""

@@ -90,8 +90,9 @@ class Config:
         if world_size % per_replica_ranks:
             raise messages.fail(
                 self,
-                f"{world_size} processes cannot be split into replicas of max(pipe_parallel_size, 1) x "
-                f"model_parallel_size = {per_replica_ranks} processes",
+                f"{world_size} process(es) cannot be split into replicas of max(pipe_parallel_size, 1) x "
+                f"model_parallel_size = {per_replica_ranks} processes; launch a multiple of {per_replica_ranks} "
+                f"(deepy.py train.py ... --num_gpus {per_replica_ranks}) or lower these sizes",
                 "parallelism.pipe_parallel_size",
                 "parallelism.model_parallel_size",
             )

@@ -83,7 +83,15 @@ def parse_yaml(text: str, source: str) -> Any:
             key=str(duplicate.key),
         ) from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"not valid YAML: {error}", file=source) from None
+        raise ConfigError(f"not valid YAML: {yaml_problem(error)}", file=source) from None
+
+
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's several-line message as one line: the problem and where (line, column)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = " ".join(str(getattr(error, "problem", None) or error).split())
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return f"{problem}{where}"
 
 
 def read_yaml(path: str | os.PathLike) -> dict:
@@ -123,7 +131,11 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
         if spelling in seen:
             raise ConfigError(f"given twice (also as '{seen[spelling]}'); keep one", file=COMMAND_LINE, key=key)
         seen[spelling] = key
-        overrides[key] = parse_yaml(text, COMMAND_LINE) if text.strip() else None
+        try:
+            overrides[key] = parse_yaml(text, COMMAND_LINE) if text.strip() else None
+        except ConfigError:
+            raise ConfigError(f"value {text!r} is not valid YAML; quote a string (key='\"text\"'), or write "
+                              "a number, true/false, or a list [a, b]", file=COMMAND_LINE, key=key) from None
     return overrides
 
 

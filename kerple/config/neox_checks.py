@@ -79,11 +79,11 @@ def _mlp_width(cfg: Config) -> None:
     if neox.intermediate_size is not None or neox.expansion_factor is not None:
         ident = "neox.intermediate_size" if neox.intermediate_size is not None else "neox.expansion_factor"
         width = neox.intermediate_size if neox.intermediate_size is not None else int(neox.expansion_factor * hidden)
-        if width != 4 * hidden or cfg.model.activation == "geglu":
+        if width != 4 * hidden:
             raise fail(
                 cfg,
-                f"an MLP width of {width} is not implemented in kerple (its MLP is 4 x hidden_size = {4 * hidden}, "
-                "and GPT-NeoX scales gated activations differently); remove the key",
+                f"an MLP width of {width} is not implemented in kerple (its MLP is 4 x hidden_size = {4 * hidden}); "
+                "remove the key",
                 ident,
             )
     multiple = 2 * neox.mlp_multiple_of

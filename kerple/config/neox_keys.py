@@ -15,7 +15,7 @@ import dataclasses
 import difflib
 import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from kerple.config.errors import ConfigError
 from kerple.config.fields import TypeMismatch, check_bounds, check_value
@@ -143,7 +143,9 @@ def _known_value(ref: FieldRef, value: Any, written: str, source: str) -> Any:
         return value
     feature = ref.metadata["refuse_values"].get(value)
     if feature is not None:
-        raise ConfigError(f"{value!r} selects {feature}, which is not implemented in kerple", file=source, key=written)
+        choices = get_args(ref.hint) if get_origin(ref.hint) is Literal else ()
+        hint = f"; use one of {', '.join(map(str, choices))}" if choices else ""
+        raise ConfigError(f"{value!r} selects {feature}, which is not implemented in kerple{hint}", file=source, key=written)
     return ref.metadata["value_aliases"].get(value, value)
 
 

@@ -41,7 +41,7 @@ INIT_METHODS = Literal[
     "small_init",
 ]
 
-_GATED = ("swiglu", "reglu", "bilinear", "glu")
+_GATED = ("geglu", "swiglu", "reglu", "bilinear", "glu")
 _NEW_INITS = {"single_residual_scaled_normal": "GPT-NeoX's single_residual_scaled_normal initialisation (since 2024)"}
 
 
@@ -105,11 +105,11 @@ class ModelConfig:
     gpt_j_residual: bool = setting(
         False, "Parallel residual x + attn(ln1(x)) + mlp(ln2(x)) instead of the sequential pre-LN residual."
     )
-    activation: Literal["gelu", "geglu", "relu", "softsign", "swish", "mish"] = setting(
+    activation: Literal["gelu", "relu", "softsign", "swish", "mish"] = setting(
         "gelu",
         "MLP activation (exact GELU by default); GPT-NeoX's 'silu' is stored as 'swish', the same function.",
         value_aliases={"silu": "swish"},
-        refuse_values={name: f"the gated activation {name} of GPT-NeoX (since 2023)" for name in _GATED},
+        refuse_values={name: f"GPT-NeoX's gated activation {name} (a wider, gated MLP)" for name in _GATED},
     )
     no_weight_tying: bool = setting(
         False, "Untie the LM head from the word embeddings (the KERPLE paper's models set true; GPT-NeoX ties by default)."

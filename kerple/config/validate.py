@@ -146,6 +146,16 @@ def _model(cfg: Config) -> None:
             "model.num_attention_heads",
         )
     model.head_dim = model.hidden_size // model.num_attention_heads
+    tensor_parallel = cfg.parallelism.model_parallel_size
+    if model.num_attention_heads % tensor_parallel:
+        raise fail(
+            cfg,
+            f"{described(cfg, 'parallelism.model_parallel_size', tensor_parallel)} must divide "
+            f"{described(cfg, 'model.num_attention_heads', model.num_attention_heads)}: each tensor-parallel rank "
+            "holds a whole number of heads; choose a model_parallel_size that divides the head count",
+            "parallelism.model_parallel_size",
+            "model.num_attention_heads",
+        )
     if model.max_position_embeddings is None:
         model.max_position_embeddings = model.seq_length
     multiple = model.make_vocab_size_divisible_by * cfg.parallelism.model_parallel_size

@@ -13,7 +13,7 @@ ACTIVATIONS = {
     "swish": F.silu,  # x * sigmoid(x)
     "mish": F.mish,
 }
-"""GPT-NeoX activations with an unchanged MLP shape; ``geglu`` (which widens dense_h_to_4h) is not supported."""
+"""GPT-NeoX activations with an unchanged MLP shape; the gated ones (``geglu``, ``swiglu``, ...) widen dense_h_to_4h and are refused when the config loads."""
 
 
 class MLP(nn.Module):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kerple.config import load_config, parse_overrides, split_arguments
-from kerple.errors import entry_point
+from kerple.errors import UsageError, entry_point
 from kerple.parallel.groups import prepare_environment
 
 
@@ -89,6 +89,7 @@ def train_main(argv: list[str]) -> int:
         print(dry_run_report(cfg))
         return 0
     prepare_environment()
+    cfg.resolve_batch(int(os.environ.get("WORLD_SIZE", "1")))  # a layout these processes cannot run fails here, once
     from kerple.training.trainer import run_training
 
     result = run_training(cfg, config_files=paths, trust_checkpoint=known.trust_checkpoint)
@@ -126,6 +127,7 @@ def deepy_main(argv: list[str]) -> int:
         if unknown:
             parser.error(f"unrecognized arguments: {' '.join(unknown)} (deepy.py's flags: -d/--conf_dir, --hostfile, "
                          "--num_gpus, --include, --master_port, --trust-checkpoint; train.py's: --dry-run)")
+    check_launch_arguments(known)
     paths, overrides = split_arguments(rest)
     if not paths:
         parser.error("give at least one YAML config file after the script")
@@ -144,6 +146,20 @@ def deepy_main(argv: list[str]) -> int:
     command = launch_command(known, world, resolved, cfg)
     print("deepy: " + " ".join(command), flush=True)
     return run_child(command)
+
+
+def check_launch_arguments(known: argparse.Namespace) -> None:
+    """Refuse (:class:`~kerple.errors.UsageError`), before anything is merged or launched, a script
+    that is not a Python file and process counts below one."""
+    script = Path(known.script)
+    if script.suffix != ".py":
+        raise UsageError(f"the first argument is the script to launch, got {known.script!r}; "
+                         "write deepy.py train.py <ymls> (GPT-NeoX's order)")
+    if not script.is_file():
+        raise UsageError(f"script {known.script} not found; run deepy.py from the repository root (deepy.py train.py <ymls>)")
+    for flag, value in (("--num_gpus", known.num_gpus), ("--master_port", known.master_port)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} {value}: expected a positive integer")
 
 
 def run_child(command: list[str]) -> int:

@@ -161,3 +161,28 @@ def test_split_arguments_feeds_the_loader(write):
     assert (paths, overrides) == ([path], ["num-layers=3", "lr=1e-4"])
     cfg = load_config(paths, parse_overrides(overrides))
     assert (cfg.training.seed, cfg.model.num_layers, cfg.optimizer.lr) == (7, 3, 1e-4)
+
+
+def test_a_gated_activation_is_refused_with_the_choices():
+    error = _error([], {"activation": "geglu"})
+    assert error.key == "activation" and "not implemented" in str(error)
+    assert "use one of gelu, relu, softsign, swish, mish" in str(error)
+
+
+def test_tensor_parallel_size_must_divide_the_heads(write):
+    path = write("tp.yml", "num_attention_heads: 2\nhidden_size: 64\nmodel_parallel_size: 3\n")
+    error = _error([path])
+    assert error.key == ("model_parallel_size", "num_attention_heads")
+    assert "model_parallel_size=3" in str(error) and "num_attention_heads=2" in str(error)
+
+
+def test_an_override_that_is_not_yaml_names_its_key():
+    with pytest.raises(ConfigError) as info:
+        parse_overrides(["seed=[1,"])
+    assert info.value.key == "seed" and "'[1,'" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_yaml_syntax_error_is_one_line_with_its_position(write):
+    path = write("bad2.yml", "a: 1\n  b: 2\n")
+    error = _error([path])
+    assert "\n" not in str(error) and "(line 2, column 4)" in str(error)

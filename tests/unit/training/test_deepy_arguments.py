@@ -40,3 +40,36 @@ def test_training_launch_keeps_train_iters(monkeypatch: pytest.MonkeyPatch, tmp_
     command = launched(monkeypatch, ["train.py", *configs, f"log_dir={tmp_path}", "train_iters=7"])
     assert command[-2] == "train.py"
     assert yaml.safe_load(Path(command[-1]).read_text())["train_iters"] == 7
+
+
+TINY = [str(REPO / "configs/models/tiny.yml"), str(REPO / "configs/pe/alibi.yml")]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([*TINY[:1], *TINY], "the first argument is the script to launch, got"),  # a YAML where the script goes
+        (["train.py", *TINY, "--num_gpus=-2"], "--num_gpus -2: expected a positive integer"),
+        (["train.py", *TINY, "--num_gpus", "3", "model_parallel_size=3", "num_attention_heads=2"],
+         "model_parallel_size=3 (<command line>) must divide num_attention_heads=2"),
+        (["train.py", *TINY, "--num_gpus", "1", "model_parallel_size=2"],
+         "1 process(es) cannot be split into replicas"),
+    ],
+    ids=["yaml-as-script", "negative-gpus", "heads-not-divisible", "too-few-processes"],
+)
+def test_a_launch_that_cannot_run_is_refused_before_any_rank_starts(
+    argv: list[str], expected: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setattr(cli, "run_child", lambda command: pytest.fail(f"launched {command}"))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert cli.deepy_main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("deepy.py: error: ") and expected in err[-1], err
+
+
+def test_train_refuses_a_layout_its_one_process_cannot_run(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(cli, "prepare_environment", lambda: None)
+    assert cli.train_main([*TINY, "model_parallel_size=2"]) == 2
+    assert "1 process(es) cannot be split" in capsys.readouterr().err
