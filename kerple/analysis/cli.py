@@ -1,13 +1,7 @@
 """``analyze.py``: the subcommands, each a thin layer over its module (see the package docstring).
 
-    python analyze.py receptive-field <ymls> --load DIR --length 2048 --output rf.json
-    python analyze.py attention-stats <ymls> --load DIR --lengths 512,4096 --output stats.json
-    python analyze.py align-temperature <ymls> --load DIR --length 4096 --mode pmax --output tau.json
-    python analyze.py retrieval <ymls> --load DIR --task passkey --lengths 512,1024 --temperatures 1,log ...
-    python analyze.py nope-variance <ymls> [--load DIR] --length 512 --output nope.json
-    python analyze.py position-probe <ymls> --load DIR --length 512 --output probe.json
-
-Every subcommand writes a JSON document and a PNG beside it (``--plot`` to choose its path).
+:data:`DESCRIPTION` and :data:`EXAMPLES` are the command's ``--help`` (plain text). Every subcommand
+writes a JSON document and a PNG beside it (``--plot`` to choose its path).
 """
 
 from __future__ import annotations
@@ -29,6 +23,22 @@ from kerple.analysis.errors import AnalysisError
 from kerple.config import split_arguments
 from kerple.errors import entry_point
 from kerple.runs import checkpoint_folder
+
+
+DESCRIPTION = "Why and where a trained checkpoint extrapolates (thesis chapters 2, 4.5 and 5)."
+EXAMPLES = """\
+examples:
+  analyze.py receptive-field <ymls> --load DIR --length 2048 --output rf.json
+  analyze.py attention-stats <ymls> --load DIR --lengths 512,4096 --output stats.json
+  analyze.py align-temperature <ymls> --load DIR --length 4096 --mode pmax --output tau.json
+  analyze.py retrieval <ymls> --load DIR --task passkey --lengths 512,1024 --temperatures 1,log --output r.json
+  analyze.py nope-variance <ymls> [--load DIR] --length 512 --output nope.json
+  analyze.py position-probe <ymls> --load DIR --length 512 --output probe.json
+
+<ymls> are YAML config files, then KEY=VALUE overrides of any config key; with none, the run's own
+config from the checkpoint's configs/ folder. Each subcommand writes its JSON and a PNG beside it
+(--plot to choose the PNG's path); 'analyze.py COMMAND --help' lists its options.
+"""
 
 
 def single_load(args: argparse.Namespace) -> str | None:
@@ -207,13 +217,16 @@ def run_position_probe(args: argparse.Namespace) -> None:
                    "probe": args.probe, "mae": errors}, figure)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="analyze.py", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """``analyze.py``'s parser and its subcommands' parsers by name."""
+    parser = argparse.ArgumentParser(prog="analyze.py", usage="analyze.py COMMAND [CONFIG.yml ...] [KEY=VALUE ...] "
+                                     "[--load DIR] --output FILE.json [options]", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, run: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub = commands.add_parser(name, help=help_text, description=help_text,
+                                  usage=f"analyze.py {name} [CONFIG.yml ...] [KEY=VALUE ...] --load DIR ... [options]")
         add_model_arguments(sub, load_required=name == "receptive-field")
         sub.add_argument("--output", required=True, help="result JSON (written atomically); the PNG goes beside it")
         sub.add_argument("--plot", help="PNG path (default: the output with .png)")
@@ -253,13 +266,25 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--length", type=int, required=True)
     sub.add_argument("--num-sequences", type=int, default=16, help="half fit the probe, half score it")
     sub.add_argument("--probe", choices=position_probe.PROBES, default="linear")
-    return parser
+    return parser, commands.choices
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    """The subcommand's arguments, with the config words (YAML files, ``key=value``) anywhere among
+    its flags (argparse's intermixed parsing, which a parser with subcommands cannot do itself)."""
+    parser, subcommands = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words and words[0] in subcommands:
+        args = subcommands[words[0]].parse_intermixed_args(words[1:])
+        args.command = words[0]
+        return args
+    return parser.parse_args(words)  # --help, or no or an unknown command: argparse's own message
 
 
 @entry_point("analyze.py")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``analyze.py``; returns 2 on bad input."""
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(argv)
     for name in ("length", "num_sequences", "num_samples", "samples"):
         if getattr(args, name, None) is not None and getattr(args, name) < 1:
             raise AnalysisError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be positive")

@@ -12,6 +12,7 @@ import torch
 
 from kerple.analysis.errors import AnalysisError
 from kerple.atomic import write_json_atomic
+from kerple.cli import add_config_arguments
 from kerple.evaluation.errors import EvaluationError
 from kerple.evaluation.temperature import temperature_for
 from kerple.runs import load_run, resolve_device, run_config
@@ -22,9 +23,7 @@ ANALYSIS_FORMAT = "kerple-analysis-1"
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, load_required: bool = True) -> None:
     """``<ymls> [key=value ...] --load DIR [--iteration N]`` as in ``evaluate.py``, plus device and progress."""
-    parser.add_argument("configs", nargs="*",
-                        help="YAML config files merged in order, then key=value overrides "
-                             "(no YAML: the run's config from the first --load's checkpoint configs/)")
+    add_config_arguments(parser, "no YAML: the run's own, from the configs/ folder of the first --load")
     parser.add_argument("--load", action="append",
                         help="checkpoint directory (default: the config's load, else save)"
                         + ("; repeat it to compare runs" if load_required else ""))

@@ -293,3 +293,37 @@ def train_bpe_tokenizer(texts: Any, vocab_size: int, output_file: str | Path) ->
     with atomic_path(output) as temporary:
         backend.save(str(temporary))
     return HFTokenizer(output)
+
+
+def configured_tokenizer(cfg: Any) -> Tokenizer | None:
+    """The tokenizer a config's data keys name, or ``None`` when they name no file (a corpus
+    prepared elsewhere needs none to train); a named file that is missing or unreadable is a
+    :class:`DataError` naming the key and the config file that set it."""
+    data = cfg.data
+    files = {"tokenizer_file": data.tokenizer_file, "vocab_file": data.vocab_file, "merge_file": data.merge_file}
+    if data.tokenizer_type != "CharLevelTokenizer" and not any(files.values()):
+        return None
+    try:
+        return build_tokenizer(data.tokenizer_type, data.vocab_file, data.merge_file, data.tokenizer_file)
+    except DataError as error:
+        named = [f"{key} {value} ({cfg.provenance(f'data.{key}')[0]})" for key, value in files.items() if value]
+        reason = str(error)
+        for value in files.values():  # the message starts with the path the list above names already
+            reason = reason.removeprefix(f"{Path(value)}: ") if value else reason
+        raise DataError(f"{'; '.join(named) or 'tokenizer_type ' + data.tokenizer_type}: {reason}; "
+                        "fix the path in the config or prepare the data again (prepare_data.py)") from None
+
+
+def check_vocabulary_fits(cfg: Any, tokenizer: Tokenizer | None = None) -> None:
+    """Refuse a model vocabulary (``padded_vocab_size``) smaller than the tokenizer's: its token ids
+    would index past the embedding table. ``tokenizer`` defaults to :func:`configured_tokenizer`."""
+    tokenizer = tokenizer or configured_tokenizer(cfg)
+    padded = int(cfg.model.padded_vocab_size)
+    if tokenizer is None or tokenizer.vocab_size <= padded:
+        return
+    source = cfg.provenance("model.vocab_size")[0]
+    raise DataError(
+        f"the tokenizer ({tokenizer.describe().get('vocab_file', tokenizer.name)}) has {tokenizer.vocab_size} tokens "
+        f"but the model's vocabulary holds {padded} (vocab_size={cfg.model.vocab_size} ({source}) padded to a multiple "
+        f"of make_vocab_size_divisible_by x model_parallel_size); set vocab_size to at least {tokenizer.vocab_size}"
+    )

@@ -27,6 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from kerple.atomic import write_json_atomic as _write_json_atomic
+from kerple.cli import add_config_arguments
 from kerple.errors import entry_point
 from kerple.evaluation import protocols
 from kerple.evaluation.errors import EvaluationError
@@ -52,15 +53,16 @@ DEFAULT_NUM_TOKENS = 32768
 """Scored tokens per length unless ``--num-tokens`` says otherwise: the Quick start's five lengths
 then take minutes on 2 CPU cores, where its whole validation split takes about 25."""
 DOCUMENTS_SHOWN = 10
+USAGE = ("evaluate.py [CONFIG.yml ...] [KEY=VALUE ...] [--load DIR] --eval-lengths L1,L2,... --output FILE.json "
+         "[options]")
+DESCRIPTION = "Perplexity of a trained checkpoint at several lengths (KERPLE §5.2, §5.5)."
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="evaluate.py", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="evaluate.py", usage=USAGE, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("configs", nargs="*",
-                        help="YAML config files merged in order, then key=value overrides "
-                             "(none: the checkpoint's configs/ folder, with --load)")
+    add_config_arguments(parser, "no YAML: the run's own, from the configs/ folder of the checkpoint --load names")
     parser.add_argument("--load", help="checkpoint directory (default: the config's load, else save)")
     parser.add_argument("--iteration", type=int, help="checkpoint iteration (default: the 'latest' tag)")
     parser.add_argument("--eval-lengths", required=True, help="comma-separated lengths, e.g. 512,1024,2048")
@@ -352,6 +354,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 @entry_point("evaluate.py")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``evaluate.py``; returns 2 on bad configs or impossible evaluations."""
-    run(build_parser().parse_args(argv))
+    run(build_parser().parse_intermixed_args(argv))
     return 0
 

@@ -91,7 +91,15 @@ def load_split_documents(cfg: Any, split: str) -> list[np.ndarray]:
         first, last = bounds[position], bounds[position + 1]
     if last <= first:
         raise EvaluationError(f"split {split!r} of {prefix} holds no documents (split {data.split!r})")
-    return [np.asarray(indexed[i], dtype=np.int64) for i in range(first, last)]
+    documents = [np.asarray(indexed[i], dtype=np.int64) for i in range(first, last)]
+    largest = max(int(document.max(initial=0)) for document in documents)
+    if largest >= cfg.model.padded_vocab_size:
+        raise EvaluationError(
+            f"the {split} split of {prefix} holds token id {largest}, beyond the model's vocabulary of "
+            f"{cfg.model.padded_vocab_size} (vocab_size={cfg.model.vocab_size}, {cfg.provenance('model.vocab_size')[0]}); "
+            "use the tokenizer and vocab_size the model was trained with"
+        )
+    return documents
 
 
 def dataset_name(cfg: Any) -> str:

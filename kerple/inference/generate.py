@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from kerple.cli import add_config_arguments
 from kerple.errors import KerpleError, entry_point
 from kerple.positional.base import PositionKind
 from kerple.runs import load_run, resolve_device, run_config
@@ -123,11 +124,10 @@ def generate(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="generate.py", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="generate.py", usage="generate.py [CONFIG.yml ...] [KEY=VALUE ...] --load DIR --prompt TEXT [options]",
+        description="Continue a prompt with a trained checkpoint (KV cache; greedy, or sampling with --temperature).",
     )
-    parser.add_argument("configs", nargs="*",
-                        help="YAML config files merged in order, then key=value overrides "
-                             "(none: the checkpoint's configs/ folder)")
+    add_config_arguments(parser, "no YAML: the run's own, from the configs/ folder of the checkpoint --load names")
     parser.add_argument("--load", required=True, help="checkpoint directory (kerple, GPT-NeoX/KERPLE, or a HF export)")
     parser.add_argument("--iteration", type=int, help="checkpoint iteration (default: the 'latest' tag)")
     parser.add_argument("--prompt", required=True, help="text to continue")
@@ -161,7 +161,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> str:
     """Check the flags, load config, tokenizer and weights; return the generated text (prompt included)."""
-    from kerple.data.tokenizers import build_tokenizer
+    from kerple.data.tokenizers import check_vocabulary_fits, configured_tokenizer
     from kerple.model import family_of
 
     check_arguments(args)
@@ -170,8 +170,11 @@ def run(args: argparse.Namespace) -> str:
     if args.cache_window is not None and not family.kv_cache:
         raise GenerationError(f"--cache-window: model.arch {family.name} has no KV cache; drop the option")
     # The tokenizer first: a bad tokenizer file fails in a second, before the weights are read.
-    data = cfg.data
-    tokenizer = build_tokenizer(data.tokenizer_type, data.vocab_file, data.merge_file, data.tokenizer_file)
+    tokenizer = configured_tokenizer(cfg)
+    if tokenizer is None:
+        raise GenerationError("the config names no tokenizer (tokenizer_file, or vocab_file and merge_file); "
+                              "add the one the model was trained with, e.g. tokenizer_file=PATH")
+    check_vocabulary_fits(cfg, tokenizer)
     device = resolve_device(args.device)
     model = load_run(cfg, args.load, args.iteration, trust=args.trust_checkpoint, device=device, flex_compile=False).model
     ids = tokenizer.tokenize(args.prompt)
@@ -197,5 +200,5 @@ def run(args: argparse.Namespace) -> str:
 @entry_point("generate.py")
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``generate.py``; prints the text, or the error and returns 2."""
-    print(run(build_parser().parse_args(argv)))
+    print(run(build_parser().parse_intermixed_args(argv)))
     return 0

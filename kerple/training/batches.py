@@ -66,7 +66,10 @@ def build_feeds(cfg: Any, parallel: Any) -> tuple[BatchFeed | None, BatchFeed | 
     Rank 0 builds (and caches) the datasets' index maps first; the other ranks then read the cache.
     """
     from kerple.data.gpt2_dataset import build_datasets_from_config, neox_num_samples
+    from kerple.data.tokenizers import check_vocabulary_fits
     from kerple.training.errors import TrainingError
+
+    check_vocabulary_fits(cfg)
 
     training = cfg.training
     micro, accumulation = int(training.micro_batch_size), int(training.gradient_accumulation_steps)

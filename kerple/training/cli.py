@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kerple.config import load_config, parse_overrides, split_arguments
+from kerple.cli import add_config_arguments
 from kerple.errors import UsageError, entry_point
 from kerple.parallel.groups import prepare_environment
 
@@ -65,8 +66,9 @@ def dry_run_report(cfg: Any) -> str:
 def train_main(argv: list[str]) -> int:
     """``train.py``: load the config, then train (or ``--dry-run``: print config and size)."""
     parser = argparse.ArgumentParser(
-        prog="train.py", description="Train a GPT-NeoX-style model with DeepSpeed.", allow_abbrev=False
+        prog="train.py", usage=TRAIN_USAGE, description="Train a GPT-NeoX-style model with DeepSpeed.", allow_abbrev=False
     )
+    add_config_arguments(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the resolved config and parameter count")
     parser.add_argument(
         "--trust-checkpoint",
@@ -74,11 +76,10 @@ def train_main(argv: list[str]) -> int:
         help="let 'load' read checkpoint pickles that need non-data globals (they can run code; trusted files only)",
     )
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
-    known, rest = parser.parse_known_args(argv)
-    unknown = [word for word in rest if word.startswith("-")]
+    known, unknown = parser.parse_known_intermixed_args(argv)
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (train.py's flags: --dry-run, --trust-checkpoint)")
-    paths, overrides = split_arguments(rest)
+    paths, overrides = split_arguments(known.configs)
     if known.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(known.local_rank))
     if not paths:
@@ -98,6 +99,14 @@ def train_main(argv: list[str]) -> int:
     return 0
 
 
+TRAIN_USAGE = "train.py CONFIG.yml [CONFIG.yml ...] [KEY=VALUE ...] [--dry-run] [--trust-checkpoint]"
+DEEPY_USAGE = ("deepy.py SCRIPT [-d DIR] CONFIG.yml [CONFIG.yml ...] [KEY=VALUE ...] [--num_gpus N] [--hostfile H] "
+               "[--include S] [--master_port P] [--trust-checkpoint] [SCRIPT'S FLAGS ...]")
+DEEPY_DESCRIPTION = (
+    "Merge and validate the YAML configs (then KEY=VALUE overrides of any key) once, write the resolved config "
+    "under log_dir, and launch SCRIPT (train.py; evaluate.py or generate.py with their own flags after the "
+    "configs) on every rank with it."
+)
 EVALUATION_SCRIPTS = frozenset({"evaluate.py", "generate.py"})
 TRAIN_FLAGS = frozenset({"--dry-run"})
 """train.py's own flags that deepy.py passes on (``--trust-checkpoint`` is deepy's, passed to every rank)."""
@@ -106,24 +115,27 @@ TRAIN_FLAGS = frozenset({"--dry-run"})
 @entry_point("deepy.py")
 def deepy_main(argv: list[str]) -> int:
     """``deepy.py``: validate once, write the resolved config, launch every rank on it."""
-    parser = argparse.ArgumentParser(
-        prog="deepy.py", description="Launch train.py on every rank with one resolved config.", allow_abbrev=False
-    )
-    parser.add_argument("script", help="the training script (train.py)")
+    parser = argparse.ArgumentParser(prog="deepy.py", usage=DEEPY_USAGE, description=DEEPY_DESCRIPTION, allow_abbrev=False)
+    parser.add_argument("script", metavar="SCRIPT", help="the script every rank runs: train.py (or evaluate.py, generate.py)")
     parser.add_argument(
-        "-d", "--conf_dir", "--conf-dir", default=None, help="directory the YAML paths are relative to (as in GPT-NeoX)"
+        "-d", "--conf_dir", "--conf-dir", metavar="DIR", default=None,
+        help="directory the YAML paths are relative to (as in GPT-NeoX)",
     )
-    parser.add_argument("--hostfile", default=None)
-    parser.add_argument("--num_gpus", "--num-gpus", type=int, default=None)
-    parser.add_argument("--include", default=None)
-    parser.add_argument("--master_port", "--master-port", type=int, default=None)
+    parser.add_argument("--hostfile", metavar="H", default=None, help="DeepSpeed hostfile of a multi-node run (CUDA)")
+    parser.add_argument("--num_gpus", "--num-gpus", metavar="N", type=int, default=None,
+                        help="processes to start (default: every visible GPU; on CPU, one per model replica)")
+    parser.add_argument("--include", metavar="S", default=None, help="DeepSpeed's host:GPU selection, e.g. localhost:0,1")
+    parser.add_argument("--master_port", "--master-port", metavar="P", type=int, default=None,
+                        help="rendezvous port (default 29500)")
     parser.add_argument("--trust-checkpoint", action="store_true", help="passed to every rank's train.py")
     known, rest = parser.parse_known_args(argv)
     # Everything from the first unknown --flag on belongs to the script (e.g. evaluate.py's --load).
     first_flag = next((i for i, word in enumerate(rest) if word.startswith("-")), len(rest))
     rest, known.script_args = rest[:first_flag], rest[first_flag:]
     if Path(known.script).name not in EVALUATION_SCRIPTS:  # train.py: refuse here what it would refuse on every rank
-        unknown = [word for word in known.script_args if word.startswith("-") and word not in TRAIN_FLAGS]
+        words = rest + known.script_args  # train.py's flags take no value: KEY=VALUE may follow them
+        rest, known.script_args = [w for w in words if not w.startswith("-")], [w for w in words if w.startswith("-")]
+        unknown = [word for word in known.script_args if word not in TRAIN_FLAGS]
         if unknown:
             parser.error(f"unrecognized arguments: {' '.join(unknown)} (deepy.py's flags: -d/--conf_dir, --hostfile, "
                          "--num_gpus, --include, --master_port, --trust-checkpoint; train.py's: --dry-run)")

@@ -160,3 +160,39 @@ def test_train_py_process_exit_status_and_traceback(typo: str) -> None:
                          capture_output=True, text=True)
     assert bug.returncode == 1
     assert "Traceback (most recent call last)" in bug.stderr and "ZeroDivisionError: injected bug" in bug.stderr
+
+
+def test_key_value_words_may_follow_the_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kerple.analysis import cli as analysis_cli
+
+    seen = []
+    monkeypatch.setattr(evaluate_cli, "run", seen.append)
+    monkeypatch.setattr(generate_module, "run", lambda args: seen.append(args) or "")
+    monkeypatch.setattr(analysis_cli, "run_attention_stats", seen.append)
+    evaluate_cli.main([*TINY, "--eval-lengths", "64", "--output", "r.json", "seed=5", "--no-progress"])
+    generate_module.main([TINY[0], "--load", "ckpt", "--prompt", "a=b", TINY[1], "seed=5"])
+    analysis_cli.main(["attention-stats", TINY[0], "--lengths", "64", TINY[1], "--output", "s.json", "seed=5"])
+    assert [args.configs for args in seen] == [[*TINY, "seed=5"]] * 3
+    assert seen[1].prompt == "a=b"
+
+
+@pytest.mark.parametrize(
+    ("main", "argv"),
+    [(training_cli.train_main, []), (training_cli.deepy_main, []), (evaluate_cli.main, []),
+     (generate_module.main, []), ("analyze", []), ("analyze", ["retrieval"])],
+    ids=["train", "deepy", "evaluate", "generate", "analyze", "analyze-retrieval"],
+)
+def test_help_shows_the_config_files_and_overrides(main, argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    if main == "analyze":
+        from kerple.analysis.cli import main
+    with pytest.raises(SystemExit) as exit_status:
+        main([*argv, "--help"])
+    out = capsys.readouterr().out
+    assert exit_status.value.code == 0
+    assert "CONFIG.yml" in out.splitlines()[0] and "KEY=VALUE" in out.splitlines()[0], out
+    assert "``" not in out and ":func:" not in out  # no reStructuredText markup
+
+
+def test_generate_refuses_a_config_without_a_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert generate_module.main([*TINY, "--load", str(tmp_path), "--prompt", "x"]) == 2
+    assert "names no tokenizer" in one_error_line(capsys, "generate.py")

@@ -91,3 +91,26 @@ def test_missing_and_unknown(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(DataError, match=r"bad\.json: not a tokenizers JSON file"):
         build_tokenizer("HFTokenizer", tokenizer_file=tmp_path / "bad.json")
+
+
+def test_a_vocabulary_smaller_than_the_tokenizers_is_refused_with_both_numbers() -> None:
+    from kerple.config import load_config
+    from kerple.data.tokenizers import check_vocabulary_fits
+
+    cfg = load_config([], {"tokenizer_type": "CharLevelTokenizer", "vocab_size": 50, "make_vocab_size_divisible_by": 1})
+    with pytest.raises(DataError) as info:
+        check_vocabulary_fits(cfg)
+    assert "has 512 tokens" in str(info.value) and "holds 50 (vocab_size=50 (<command line>)" in str(info.value)
+    check_vocabulary_fits(load_config([], {"tokenizer_type": "CharLevelTokenizer", "vocab_size": 512}))
+
+
+def test_a_tokenizer_file_the_config_names_must_exist(tmp_path: Path) -> None:
+    from kerple.config import load_config
+    from kerple.data.tokenizers import configured_tokenizer
+
+    missing = tmp_path / "nope.json"
+    cfg = load_config([], {"tokenizer_type": "HFTokenizer", "vocab_file": str(missing)})
+    with pytest.raises(DataError) as info:
+        configured_tokenizer(cfg)
+    assert str(info.value).startswith(f"vocab_file {missing} (<command line>): tokenizer file")
+    assert configured_tokenizer(load_config([], {"tokenizer_type": "HFTokenizer"})) is None  # no file named

@@ -155,3 +155,19 @@ def test_per_document_losses_by_hand() -> None:
         assert row["loss"] == pytest.approx(expected[row["document"]])
         assert row["ppl"] == pytest.approx(math.exp(expected[row["document"]]))
     assert sum(r["loss"] * r["tokens"] for r in rows) / 12 == pytest.approx(result.loss)
+
+
+def test_a_split_with_token_ids_beyond_the_vocabulary_is_refused(tmp_path) -> None:
+    from kerple.config import load_config
+    from kerple.data.indexed_dataset import IndexedDatasetWriter
+    from kerple.evaluation.errors import EvaluationError
+    from kerple.evaluation.runner import load_split_documents
+
+    with IndexedDatasetWriter(tmp_path / "c", dtype=np.uint16) as writer:
+        for start in range(4):
+            writer.add_document(np.arange(start, start + 60))  # ids up to 62
+        writer.finalize()
+    overrides = {"data_path": str(tmp_path / "c"), "split": "1,1,0", "make_vocab_size_divisible_by": 1}
+    assert len(load_split_documents(load_config([], {**overrides, "vocab_size": 63}), "valid")) == 2
+    with pytest.raises(EvaluationError, match="holds token id 62, beyond the model's vocabulary of 50 "):
+        load_split_documents(load_config([], {**overrides, "vocab_size": 50}), "valid")

@@ -1,0 +1,25 @@
+"""What the entry points share on their command lines: the config words, as GPT-NeoX writes them.
+
+Every command that reads a run takes YAML files merged in order, then ``key=value`` overrides of any
+config key (``train.py configs/models/tiny.yml configs/pe/alibi.yml train_iters=50``). The words
+may come before, between or after the command's own flags (the commands parse with argparse's
+``parse_intermixed_args``); :func:`add_config_arguments` declares them, so ``--help`` shows them.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+CONFIG_METAVAR = "CONFIG.yml|KEY=VALUE"
+"""How ``--help`` names the config words (usage line and positional list)."""
+
+CONFIG_HELP = ("YAML config files, merged in order (a later file wins), then key=value overrides of any config "
+               "key (docs/config.md), e.g. train_iters=100 lr=3e-4")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, detail: str = "", *, required: bool = False) -> None:
+    """The positional ``configs`` list: YAML files, then ``key=value`` overrides; ``detail`` ends
+    its help line (e.g. where the config comes from when no YAML is named)."""
+    parser.add_argument("configs", nargs="+" if required else "*", metavar=CONFIG_METAVAR,
+                        help=CONFIG_HELP + (f"; {detail}" if detail else ""))
+
