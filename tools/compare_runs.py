@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from kerple.errors import entry_point
+from kerple.errors import UsageError, entry_point
 from kerple.evaluation.compare import compare
 from kerple.evaluation.stats import ALPHA
+from kerple.outputs import check_output_folder
 
 
 @entry_point("compare_runs.py")
@@ -28,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alpha", type=float, default=ALPHA, help="significance level of the t-test")
     parser.add_argument("--output-dir", help="where to write the table and plots (default: beside the results)")
     args = parser.parse_args(argv)
+    if not 0 < args.alpha < 1:
+        raise UsageError(f"--alpha {args.alpha}: a significance level is in (0, 1), e.g. 0.05")
+    check_output_folder(args.output_dir or Path(args.results[0]).parent, "--output-dir")
     text, written = compare(
         args.results, reference=args.reference, fmt=args.format, out_dir=args.output_dir, alpha=args.alpha
     )

@@ -22,6 +22,7 @@ from kerple.analysis.common import (
 from kerple.analysis.errors import AnalysisError
 from kerple.config import split_arguments
 from kerple.errors import entry_point
+from kerple.outputs import check_output_file
 from kerple.runs import checkpoint_folder
 
 
@@ -285,6 +286,9 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``analyze.py``; returns 2 on bad input."""
     args = parse_arguments(argv)
+    yamls = split_arguments(args.configs)[0]
+    check_output_file(args.output, "--output", inputs=yamls)
+    check_output_file(png_beside(args.output, args.plot), "--plot", inputs=[*yamls, args.output])
     for name in ("length", "num_sequences", "num_samples", "samples"):
         if getattr(args, name, None) is not None and getattr(args, name) < 1:
             raise AnalysisError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be positive")

@@ -28,7 +28,8 @@ from kerple.checkpoint.architecture import (
     positional_option_names,
 )
 from kerple.checkpoint.errors import CheckpointError
-from kerple.errors import entry_point
+from kerple.errors import UsageError, entry_point
+from kerple.outputs import check_output_folder
 from kerple.checkpoint.huggingface import describe_export, export_huggingface, import_huggingface
 from kerple.checkpoint.neox_layout import NeoxAdapter
 from kerple.checkpoint.reference import read_checkpoint
@@ -115,11 +116,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse, before any file is read, an output that cannot be written or that is the source,
+    and counts below their minimum (:class:`~kerple.errors.UsageError` naming the argument)."""
+    if not Path(args.source).is_dir():
+        raise UsageError(f"source {args.source} is not a folder; name a checkpoint folder or a Hugging Face export")
+    check_output_folder(args.output, "output")
+    if Path(args.output).exists() and Path(args.output).samefile(args.source):
+        raise UsageError(f"output {args.output} is the source folder; write the conversion to another folder")
+    for flag, value, least in (("--model-parallel", args.model_parallel, 1), ("--iteration", args.iteration, 0)):
+        if value is not None and value < least:
+            raise UsageError(f"{flag} {value}: expected an integer of at least {least}")
+
+
 def convert(args: argparse.Namespace) -> Path:
     """Run one conversion; returns the written directory."""
     from kerple.config import load_config, parse_overrides, split_arguments
 
     source = Path(args.source)
+    check_arguments(args)
     if (source / "model.safetensors").is_file():
         model_state, source_config = import_huggingface(source)
         iteration, ckpt = args.iteration or 0, None

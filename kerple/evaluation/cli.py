@@ -14,10 +14,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import os
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,9 @@ from tqdm.auto import tqdm
 
 from kerple.atomic import write_json_atomic as _write_json_atomic
 from kerple.cli import add_config_arguments
+from kerple.config import split_arguments
 from kerple.errors import entry_point
+from kerple.outputs import check_output_file
 from kerple.evaluation import protocols
 from kerple.evaluation.errors import EvaluationError
 from kerple.evaluation.temperature import temperature_for
@@ -112,21 +112,6 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise EvaluationError(f"--num-tokens {count}: expected a positive integer or 'all'")
     if not args.configs and not args.load:
         raise EvaluationError("no config: name the run's YAML files, or pass --load DIR of a checkpoint with configs/")
-
-
-def check_output_writable(output: str) -> None:
-    """Create ``output``'s folder and a scratch file in it, so that an unwritable path fails before
-    the evaluation rather than after it."""
-    target = Path(output)
-    if target.is_dir():
-        raise EvaluationError(f"--output {output} is a directory; name a JSON file")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        handle, scratch = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".check")
-        os.close(handle)
-        os.unlink(scratch)
-    except OSError as error:
-        raise EvaluationError(f"--output {output}: cannot write there ({error.strerror}); choose a writable path") from None
 
 
 def scored_token_budget(args: argparse.Namespace, lengths: list[int], stream_len: int) -> int | None:
@@ -299,7 +284,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     length (``complete`` false until the last) and return it."""
     started = time.perf_counter()
     check_arguments(args)
-    check_output_writable(args.output)
+    check_output_file(args.output, "--output", inputs=split_arguments(args.configs)[0])
     resolved = evaluation_config(args)
     cfg = resolved.cfg
     lengths = parse_lengths(args.eval_lengths, "--eval-lengths")

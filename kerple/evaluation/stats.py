@@ -57,12 +57,15 @@ class RunResult:
 
 def load_run(path: str | Path) -> RunResult:
     """Read one ``results.json``; raises :class:`EvaluationError` naming the file when it is not one."""
+    if not Path(path).is_file():
+        raise EvaluationError(f"{path}: no such file; name results JSON files written by evaluate.py --output")
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
         run, protocol = doc["run"], doc["protocol"]
         ppl = {int(row["length"]): float(row["ppl"]) for row in doc["results"]}
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise EvaluationError(f"{path}: not an evaluate.py results file ({exc})") from exc
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # ValueError: not JSON, not UTF-8
+        reason = f"no key {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0][:120]
+        raise EvaluationError(f"{path}: not an evaluate.py results file ({reason})") from exc
     variant = str(run["pos_emb"])
     if protocol.get("attention_window"):
         variant += f"-windowed@{protocol['attention_window']}"

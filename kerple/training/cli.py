@@ -25,6 +25,7 @@ from typing import Any
 from kerple.config import load_config, parse_overrides, split_arguments
 from kerple.cli import add_config_arguments
 from kerple.errors import UsageError, entry_point
+from kerple.outputs import check_output_folder
 from kerple.parallel.groups import prepare_environment
 
 
@@ -62,6 +63,20 @@ def dry_run_report(cfg: Any) -> str:
     )
 
 
+RUN_FOLDERS = ("checkpointing.save", "logging.log_dir", "logging.tensorboard_dir")
+
+
+def check_run_folders(cfg: Any) -> None:
+    """Refuse, before any rank starts, a ``save``, ``log_dir`` or ``tensorboard_dir`` that is a file,
+    lies under one, or cannot be written (:func:`kerple.outputs.check_output_folder`)."""
+    for ident in RUN_FOLDERS:
+        section, name = ident.split(".")
+        folder = getattr(getattr(cfg, section), name)
+        if folder:
+            file, key = cfg.provenance(ident)
+            check_output_folder(folder, f"{file}: key '{key}':")
+
+
 @entry_point("train.py")
 def train_main(argv: list[str]) -> int:
     """``train.py``: load the config, then train (or ``--dry-run``: print config and size)."""
@@ -91,6 +106,7 @@ def train_main(argv: list[str]) -> int:
         return 0
     prepare_environment()
     cfg.resolve_batch(int(os.environ.get("WORLD_SIZE", "1")))  # a layout these processes cannot run fails here, once
+    check_run_folders(cfg)
     from kerple.training.trainer import run_training
 
     result = run_training(cfg, config_files=paths, trust_checkpoint=known.trust_checkpoint)
@@ -150,6 +166,7 @@ def deepy_main(argv: list[str]) -> int:
     cfg = load_config(paths, parse_overrides(overrides))
     world = planned_world_size(cfg, known.num_gpus)
     cfg.resolve_batch(world)
+    check_run_folders(cfg)
     run_dir = Path(cfg.logging.log_dir or "logs")
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = run_dir / f"resolved-config-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.yml"

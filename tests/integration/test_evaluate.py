@@ -136,9 +136,9 @@ def test_unwritable_output_is_refused_before_any_work(tmp_path: Path, capsys: py
             "--output", str(blocker / "out.json"), "--no-progress"]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
-    assert "--output" in err and "cannot write there" in err
+    assert "--output" in err and "a-file is a file, not a folder" in err
     assert cli.main([*argv[:-3], "--output", str(tmp_path), "--no-progress"]) == 2
-    assert "is a directory" in capsys.readouterr().err
+    assert "is a folder; name a file" in capsys.readouterr().err
 
 
 def test_an_interrupted_run_keeps_the_finished_lengths(
