@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import subprocess
@@ -133,7 +134,59 @@ def config_args(pos_emb: str, args: argparse.Namespace, data: DemoData) -> list[
 
 def finished(run_dir: Path, steps: int) -> bool:
     latest = run_dir / "latest"
-    return latest.is_file() and latest.read_text().strip() == f"global_step{steps}"
+    return latest.is_file() and latest.read_text(errors="replace").strip() == f"global_step{steps}"
+
+
+RUN_PLACES = {"save", "load", "log_dir", "tensorboard_dir"}  # where a run writes, not what it trains
+
+
+def config_changes(pos_emb: str, args: argparse.Namespace, data: DemoData) -> list[str]:
+    """The keys whose value in a finished run's ``configs/resolved.yml`` differs from what this demo
+    would train now (``key: old -> new``); empty when the run can be reused."""
+    from kerple.config import load_config, parse_overrides, split_arguments
+
+    run_dir = ROOT / args.runs / pos_emb
+    resolved = run_dir / f"global_step{args.steps}" / "configs" / "resolved.yml"
+    if not resolved.is_file():
+        return [f"{resolved} is missing"]
+    yamls, overrides = split_arguments(config_args(pos_emb, args, data))
+    quiet = logging.getLogger("kerple.config")
+    level, quiet.level = quiet.level, logging.WARNING  # the demo's own overrides, not news to the user
+    try:
+        now = load_config([ROOT / path for path in yamls], parse_overrides(overrides)).to_dict()
+        before = load_config([resolved]).to_dict()
+    finally:
+        quiet.setLevel(level)
+    before, now = flat(before), flat(now)
+    return [f"{key}: {before.get(key)!r} -> {now.get(key)!r}" for key in sorted(set(now) | set(before))
+            if key not in RUN_PLACES and before.get(key) != now.get(key)]
+
+
+def flat(settings: dict, prefix: str = "") -> dict:
+    """``{"optimizer": {"params": {"lr": 1}}}`` as ``{"optimizer.params.lr": 1}``."""
+    out: dict = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def set_aside_stale_runs(args: argparse.Namespace, data: DemoData, names: list[str]) -> None:
+    """A finished run in ``--runs`` trained with another config (an older demo, edited YAMLs) is
+    renamed ``<name>.stale-<time>`` (nothing is deleted) and trained again, with a line saying why."""
+    for name in names:
+        run_dir = ROOT / args.runs / name
+        if not finished(run_dir, args.steps):
+            continue
+        changes = config_changes(name, args, data)
+        if changes:
+            aside = run_dir.with_name(f"{name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
+            run_dir.rename(aside)
+            more = f" (and {len(changes) - 3} more)" if len(changes) > 3 else ""
+            print(f"{run_dir} was trained with another config ({'; '.join(changes[:3])}{more}): "
+                  f"moved to {aside.name} beside it, training it again", flush=True)
 
 
 def commands_for(pos_emb: str, args: argparse.Namespace, data: DemoData) -> list[list[str]]:
@@ -156,9 +209,9 @@ class Runner:
     """Runs each embedding's commands in order, several embeddings side by side, one progress bar."""
 
     def __init__(self, total_steps: int, threads: int) -> None:
-        from tqdm.auto import tqdm
+        from kerple.progress import progress_bar
 
-        self.bar = tqdm(total=total_steps, desc="training (all models)", unit="step", dynamic_ncols=True)
+        self.bar = progress_bar(total=total_steps, desc="training (all models)", unit="step", dynamic_ncols=True)
         self.lock = threading.Lock()
         self.env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
@@ -254,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data ready in {prepared - started:.0f} s: {data.prefix} (vocab {data.vocab_size}, "
           f"{data.valid_tokens:,} validation tokens)", flush=True)
 
+    set_aside_stale_runs(args, data, names)
     runner = Runner(total_steps=sum(0 if finished(ROOT / args.runs / n, args.steps) else args.steps for n in names),
                     threads=threads)
     try:

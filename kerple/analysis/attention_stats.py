@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
+from kerple.progress import progress_bar
 
 from kerple.model.attention import AttentionContext, SelfAttention
 
@@ -88,7 +88,7 @@ def attention_statistics(model: torch.nn.Module, windows: torch.Tensor, temperat
     previous = model.softmax_temperature
     model.set_temperature(temperature)
     try:
-        for start in tqdm(range(0, len(windows), batch_size), desc=f"attention L={windows.shape[1]} τ={temperature:g}",
+        for start in progress_bar(range(0, len(windows), batch_size), desc=f"attention L={windows.shape[1]} τ={temperature:g}",
                           disable=not progress, leave=False):
             model(windows[start : start + batch_size].to(model.lm_head_weight.device))
     finally:

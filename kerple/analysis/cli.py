@@ -116,10 +116,10 @@ def run_align_temperature(args: argparse.Namespace) -> None:
         return measure
 
     modes = align_temperature.MODES if args.mode == "both" else (args.mode,)
-    from tqdm.auto import tqdm
+    from kerple.progress import progress_bar
 
     results = {}
-    with tqdm(total=len(align_temperature.GRID) * len(modes), desc="temperature grid", disable=args.no_progress) as bar:
+    with progress_bar(total=len(align_temperature.GRID) * len(modes), desc="temperature grid", disable=args.no_progress) as bar:
         for mode in modes:
             results[mode] = align_temperature.align(statistic(mode), progress=lambda _tau: bar.update())
             print(f"mode {mode}: τ = {results[mode]['temperature']:g}", file=sys.stderr)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from tqdm.auto import tqdm
+from kerple.progress import progress_bar
 
 
 def lemma_variance(hidden_size: int, sigma: float, length: int) -> list[float]:
@@ -37,7 +37,7 @@ def variance_by_position(outputs: Callable[[int], torch.Tensor], samples: int, p
     """
     rows: list[torch.Tensor] = []
     count, draw = 0, 0
-    with tqdm(total=samples, desc=desc, disable=not progress) as bar:
+    with progress_bar(total=samples, desc=desc, disable=not progress) as bar:
         while count < samples:
             batch = outputs(draw).double()[: samples - count]
             rows.append(batch.cpu())

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
+from kerple.progress import progress_bar
 
 PROBES = ("linear", "mlp")
 
@@ -80,7 +80,7 @@ def probe_errors(states: list[torch.Tensor], kind: str = "linear", train_fractio
     split = max(1, min(count - 1, int(round(count * train_fraction))))
     positions = torch.arange(length, dtype=torch.float32)
     errors = []
-    for layer_states in tqdm(states, desc=f"position probe ({kind})", disable=not progress):
+    for layer_states in progress_bar(states, desc=f"position probe ({kind})", disable=not progress):
         train = layer_states[:split].reshape(-1, layer_states.shape[-1])
         probe = fit_probe(train, positions.repeat(split), kind)
         with torch.no_grad():

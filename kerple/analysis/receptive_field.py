@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
+from kerple.progress import progress_bar
 
 ERF_SHARE = 0.99
 
@@ -32,7 +32,7 @@ def normalized_gradients(model: torch.nn.Module, windows: torch.Tensor, batch_si
     hook = model.embedding.word_embeddings.register_forward_hook(keep_output)
     total = torch.zeros(windows.shape[1] - 1, dtype=torch.float64)
     try:
-        for start in tqdm(range(0, len(windows), batch_size), desc="receptive field", disable=not progress):
+        for start in progress_bar(range(0, len(windows), batch_size), desc="receptive field", disable=not progress):
             batch = windows[start : start + batch_size].to(model.lm_head_weight.device)
             captured.clear()
             with torch.enable_grad():

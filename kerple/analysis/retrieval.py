@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
-from tqdm.auto import tqdm
+from kerple.progress import progress_bar
 
 from kerple.analysis.errors import AnalysisError
 
@@ -134,7 +134,7 @@ def accuracy(model: Callable[..., torch.Tensor], prompts: list[tuple[int, Prompt
              vocab_limit: int | None = None, progress: bool = True, desc: str = "retrieval") -> dict[str, Any]:
     """Exact-match accuracy per length and per (length, depth)."""
     hits: dict[int, dict[float, list[int]]] = {}
-    for length, prompt in tqdm(prompts, desc=desc, disable=not progress):
+    for length, prompt in progress_bar(prompts, desc=desc, disable=not progress):
         correct = greedy_answer(model, prompt, device, vocab_limit) == prompt.answer
         hits.setdefault(length, {}).setdefault(prompt.depth, []).append(int(correct))
     by_depth = {str(length): {f"{depth:g}": sum(v) / len(v) for depth, v in depths.items()}

@@ -65,9 +65,9 @@ def download_url(urls: Sequence[str], destination: str | Path, timeout_s: float 
             with atomic_path(target) as temporary, urllib.request.urlopen(request, timeout=timeout_s) as response, \
                     open(temporary, "wb") as out:
                 total = int(response.headers.get("Content-Length") or 0) or None
-                from tqdm import tqdm
+                from kerple.progress import progress_bar
 
-                with tqdm(total=total, unit="B", unit_scale=True, desc=target.name, file=sys.stderr,
+                with progress_bar(total=total, unit="B", unit_scale=True, desc=target.name,
                           disable=None) as bar:
                     while chunk := response.read(1 << 20):
                         out.write(chunk)

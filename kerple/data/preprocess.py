@@ -203,7 +203,7 @@ def tokenize_corpus(corpus: Corpus, tokenizer: Tokenizer, prefix: str | Path, wo
     result.replaced_bytes = stats.replaced_bytes
     result.files_with_replacements = stats.files_with_replacements
     info = asdict(result) | {"split": result.split_string, "tokens": result.tokens}
-    write_atomic(info_path(prefix), json.dumps(info, indent=2).encode())
+    write_atomic(info_path(prefix), (json.dumps(info, indent=2) + "\n").encode())
     return result
 
 

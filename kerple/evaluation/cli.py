@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from kerple.progress import progress_bar
 
 from kerple.atomic import write_json_atomic as _write_json_atomic
 from kerple.cli import add_config_arguments
@@ -308,7 +308,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rate = seconds_per_cost(loss_fn, stream, plans[0], batch_sizes[0], costs[0], device)
         print(format_plan(args, plans, batch_sizes, impls, costs, rate, len(stream)), file=sys.stderr)
         results: list[LengthResult] = []
-        overall = tqdm(total=sum(p.num_windows * c for p, c in zip(plans, costs)) * rate, desc="evaluation",
+        overall = progress_bar(total=sum(p.num_windows * c for p, c in zip(plans, costs)) * rate, desc="evaluation",
                        unit="s", disable=args.no_progress, bar_format="{l_bar}{bar}| {elapsed}<{remaining}")
         for plan, batch, cost in zip(plans, batch_sizes, costs):
             model.set_temperature(temperature_for(args.softmax_temperature, plan.length, cfg.model.seq_length))

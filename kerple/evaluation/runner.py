@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
+from kerple.progress import progress_bar
 
 from kerple.evaluation.errors import EvaluationError
 from kerple.evaluation.protocols import WindowPlan
@@ -279,7 +279,7 @@ def evaluate_plan(
         raise EvaluationError(f"length {plan.length}: windows reach past the {stream.numel()}-token stream")
     sums = _Sums(n, None if document_of is None else torch.as_tensor(document_of, dtype=torch.long))
     start_time = time.perf_counter()
-    bar = tqdm(
+    bar = progress_bar(
         total=plan.num_windows, desc=f"eval L={plan.length}", unit="win", disable=not progress, leave=False
     )
     for first in range(0, plan.num_windows, batch_size):

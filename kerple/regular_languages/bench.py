@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
+from kerple.progress import progress_bar
 
 from kerple.regular_languages.tasks import Task, TaskError, sample_batch
 from kerple.regular_languages.thesis import TABLE_6_1, thesis_column
@@ -121,7 +121,7 @@ def train(model: nn.Module, task: Task, settings: RunSettings, rng: np.random.Ge
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.learning_rate)
     model.train()
     losses = []
-    for _ in tqdm(range(settings.steps), desc=f"train {task.name}", disable=not progress, leave=False):
+    for _ in progress_bar(range(settings.steps), desc=f"train {task.name}", disable=not progress, leave=False):
         length = int(rng.integers(1, task.train_max_length + 1))
         inputs, labels = sample_batch(task, length, settings.batch_size, rng, settings.probability)
         loss = F.cross_entropy(final_logits(model, torch.from_numpy(inputs), task.num_classes), torch.from_numpy(labels))
@@ -142,7 +142,7 @@ def accuracy_by_length(
     """Accuracy of ``settings.eval_samples`` fresh strings at each length."""
     model.eval()
     accuracy = {}
-    for length in tqdm(lengths, desc=f"test {task.name}", disable=not progress, leave=False):
+    for length in progress_bar(lengths, desc=f"test {task.name}", disable=not progress, leave=False):
         inputs, labels = sample_batch(task, length, settings.eval_samples, rng, settings.probability)
         correct = 0
         for start in range(0, len(labels), settings.eval_batch):

@@ -110,7 +110,7 @@ def train_main(argv: list[str]) -> int:
     from kerple.training.trainer import run_training
 
     result = run_training(cfg, config_files=paths, trust_checkpoint=known.trust_checkpoint)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if int(os.environ.get("RANK", "0")) == 0 and result.status != "already finished":  # the trainer said so
         print(f"training {result.status} at step {result.iteration}" + (f"; checkpoint {result.last_checkpoint}" if result.last_checkpoint else ""))
     return 0
 

@@ -41,9 +41,10 @@ def load_weights(model: nn.Module, cfg: Any, parallel: Any, *, trust: bool = Fal
         save = cfg.checkpointing.save
         if not save or Path(load).resolve() != Path(save).resolve():
             state = "does not exist" if not Path(load).exists() else "holds no checkpoint"
+            same = f"set load={save} (the save folder) to start fresh there and resume later, " if save else ""
             raise TrainingError(
-                f"load: {load} {state}. Starting fresh is only automatic when load equals save "
-                f"(resume-or-start); fix the path, or remove 'load' to train from scratch"
+                f"load: {load} ({cfg.source('load')}) {state}. Starting fresh is only automatic when load equals "
+                f"save (resume-or-start): {same}fix the path, or remove 'load' to train from scratch"
             )
         parallel.barrier()
         return None

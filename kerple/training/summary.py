@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kerple.config.errors import DEFAULT
+
 
 def parameter_count(model: Any) -> int:
     """Distinct parameters (the shared positional module counts once)."""
@@ -15,6 +17,20 @@ def format_count(count: int) -> str:
         if count >= size:
             return f"{count / size:.1f}{unit}"
     return str(count)
+
+
+def decay_note(cfg: Any) -> str:
+    """A second schedule line when the decay length set in a file differs from ``train_iters``: the
+    learning rate then stops before (or stays at the minimum after) the end of its decay."""
+    decay, iters = cfg.lr_schedule.lr_decay_iters, cfg.training.train_iters
+    if not decay or decay == iters or not iters:
+        return ""
+    source = cfg.provenance("lr_schedule.lr_decay_iters")[0]
+    if source == DEFAULT:
+        return ""
+    where = "stops before the decay ends" if iters < decay else "stays at min_lr after the decay ends"
+    return (f"\n             lr_decay_iters={decay} ({source}) differs from train_iters={iters}: the run {where}; "
+            f"set lr_decay_iters={iters} (or remove the key) to decay over this run")
 
 
 def startup_summary(cfg: Any, *, parameters: int, parallel: Any, start_iteration: int, resumed_from: str | None) -> str:
@@ -41,7 +57,7 @@ def startup_summary(cfg: Any, *, parameters: int, parallel: Any, start_iteration
         f"pipe {parallel.pipe_parallel_size} on {parallel.device.type} ({parallel.backend})",
         f"  schedule   {training.train_iters} steps from {start_iteration}, lr {cfg.optimizer.lr:g} "
         f"{schedule.lr_decay_style} over {decay_iters} (warmup {schedule.warmup:g}, min {schedule.min_lr:g}), "
-        f"{cfg.optimizer.type}",
+        f"{cfg.optimizer.type}{decay_note(cfg)}",
         f"  data       {data_desc} (split {data.split}), valid seq {data.seq_length_val or model.seq_length}, "
         f"eval every {training.eval_interval} steps x {training.eval_iters} batches",
         f"  save       {ck.save or '(not saving)'} every {ck.save_interval} steps"

@@ -299,7 +299,8 @@ class Trainer:
                 elapsed_total, steps_total = elapsed_total + step_time, steps_total + 1
                 window_steps += 1
                 result.losses.append((self.iteration, loss))
-                if self.iteration % log_interval == 0 or self.iteration == self.train_iters:
+                first = steps_total == 1  # a first line at once: the user sees the run is alive
+                if self.iteration % log_interval == 0 or self.iteration == self.train_iters or first:
                     window = (time.perf_counter() - window_start) / window_steps
                     self._log_progress(loss, lr, tokens_per_step, window, elapsed_total / steps_total)
                     window_start, window_steps = time.perf_counter(), 0

@@ -21,7 +21,8 @@ from tiny_run import REPO, corpus, parallel, tiny_config, train, write_corpus
 def test_missing_load_is_an_error_unless_it_is_save(parallel, corpus: Path, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-run"
     cfg = tiny_config(corpus, train_iters=2, load=str(missing), save=str(tmp_path / "out")).resolve_batch(1)
-    with pytest.raises(TrainingError, match=r"load: .*no-such-run does not exist.*resume-or-start"):
+    with pytest.raises(TrainingError, match=r"load: .*no-such-run \(<command line>\) does not exist.*resume-or-start\): "
+                                            r"set load=.*out \(the save folder\)"):
         Trainer(cfg, parallel)
     (tmp_path / "empty").mkdir()
     cfg = tiny_config(corpus, train_iters=2, load=str(tmp_path / "empty")).resolve_batch(1)
@@ -95,3 +96,19 @@ def test_a_corpus_without_a_validation_split_warns(parallel, tmp_path: Path, cap
         trainer = Trainer(cfg, parallel)
         trainer.close()
     assert "validation split" in caplog.text and "'99,1,0'" in caplog.text and "without validation" in caplog.text
+
+
+def test_the_first_step_is_reported_at_once(parallel, corpus: Path, tmp_path: Path, capsys) -> None:
+    train(tiny_config(corpus, train_iters=3, log_interval=100, save=str(tmp_path / "run")), parallel)
+    steps = [line.split("|")[0].split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert steps == ["1/3", "3/3"]  # then every log_interval and the last
+
+
+def test_a_decay_length_from_a_file_that_the_run_does_not_reach_is_said(corpus: Path) -> None:
+    from kerple.training.summary import decay_note
+
+    note = decay_note(tiny_config(corpus, train_iters=30, lr_decay_iters=200))
+    assert "lr_decay_iters=200 (<command line>) differs from train_iters=30: the run stops before the decay ends" in note
+    assert "set lr_decay_iters=30" in note
+    assert decay_note(tiny_config(corpus, train_iters=30)) == ""  # unset: NeoX's default, decay over train_iters
+    assert "stays at min_lr" in decay_note(tiny_config(corpus, train_iters=300, lr_decay_iters=200))

@@ -1,0 +1,57 @@
+"""``make demo`` reuses a finished run only when it was trained with the config it would use now."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TOKENIZER = "data/demo/tokenizer.json"  # only named: loading a config does not read it
+
+
+def demo_module():
+    spec = importlib.util.spec_from_file_location("demo_tool", REPO / "tools" / "demo.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def finished_run(demo, tmp_path: Path, lr: str):
+    """A finished demo run folder whose resolved config is the demo's own with ``lr`` changed."""
+    from kerple.config import load_config, parse_overrides, split_arguments
+
+    args = demo.parse_args(["--pos-emb", "alibi", "--steps", "5", "--runs", str(tmp_path / "runs")])
+    data = demo.DemoData(prefix="data/x/x_text_document", split="90,10,0", tokenizer_file=str(TOKENIZER),
+                         vocab_size=300, valid_tokens=1)
+    yamls, overrides = split_arguments(demo.config_args("alibi", args, data))
+    overrides = [item for item in overrides if not item.startswith("lr=")] + [f"lr={lr}"]
+    cfg = load_config([REPO / path for path in yamls], parse_overrides(overrides))
+    run = tmp_path / "runs" / "alibi"
+    (run / "global_step5" / "configs").mkdir(parents=True)
+    (run / "latest").write_text("global_step5\n")
+    cfg.save_yaml(run / "global_step5" / "configs" / "resolved.yml")
+    return args, data, run
+
+
+def test_a_run_trained_with_another_config_is_set_aside(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    demo = demo_module()
+    args, data, run = finished_run(demo, tmp_path, lr="0.5")
+    demo.set_aside_stale_runs(args, data, ["alibi"])
+    out = capsys.readouterr().out
+    assert "trained with another config (optimizer.params.lr: 0.5 -> 0.003)" in out
+    assert not run.exists()
+    aside = [path.name for path in run.parent.iterdir()]
+    assert len(aside) == 1 and aside[0].startswith("alibi.stale-")
+    assert (run.parent / aside[0] / "latest").read_text() == "global_step5\n"  # nothing lost
+
+
+def test_a_run_trained_with_this_config_is_reused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    demo = demo_module()
+    args, data, run = finished_run(demo, tmp_path, lr=str(demo.parse_args([]).lr))
+    assert demo.config_changes("alibi", args, data) == []
+    demo.set_aside_stale_runs(args, data, ["alibi"])
+    assert run.is_dir() and capsys.readouterr().out == ""
