@@ -365,6 +365,8 @@ def run(argv: list[str] | None = None) -> PrepareResult | dict[str, Any]:
         source = get_source(args.dataset)
         if args.root and source.name != "python":
             raise DataError(f"--root is for the python source; {source.name} reads its own files")
+        if args.url and not source.online:
+            raise DataError(f"--url is for the online datasets; {source.name} is built from local files")
         if args.limit is not None and source.online:
             raise DataError(f"--limit applies to the local sources ({', '.join(LOCAL_SOURCES)}); "
                             f"{source.name} is prepared whole")

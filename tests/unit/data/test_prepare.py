@@ -263,6 +263,7 @@ def test_output_prefix_that_cannot_be_written_is_refused_first(tmp_path: Path, c
     (["stdlib", "--limit", "-1"], "--limit -1: the number of documents to keep must be at least 1"),
     (["stdlib", "--limit", "0"], "--limit 0: the number of documents to keep must be at least 1"),
     (["github", "--limit", "5"], "--limit applies to the local sources (stdlib, python, sotu, texdocs)"),
+    (["stdlib", "--url", "http://127.0.0.1:9/x.zst"], "--url is for the online datasets; stdlib is built from"),
     (["--input", "t.txt", "--output-prefix", "o/x", "--limit", "5"], "--limit, --root and --url apply to named"),
     (["stdlib", "--train-tokenizer", "0"], "--train-tokenizer 0: a byte-level BPE needs at least 257 ids"),
     (["stdlib", "--train-tokenizer", "256"], "--train-tokenizer 256: a byte-level BPE needs at least 257 ids"),
