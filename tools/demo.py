@@ -132,8 +132,9 @@ def config_args(pos_emb: str, args: argparse.Namespace, data: DemoData) -> list[
 
 
 def finished(run_dir: Path, steps: int) -> bool:
-    latest = run_dir / "latest"
-    return latest.is_file() and latest.read_text().strip() == f"global_step{steps}"
+    from kerple.checkpoint.files import latest_tag, tag_for  # kerple.checkpoint loads torch: only here
+
+    return latest_tag(run_dir) == tag_for(steps)
 
 
 def commands_for(pos_emb: str, args: argparse.Namespace, data: DemoData) -> list[list[str]]:
