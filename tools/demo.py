@@ -133,8 +133,9 @@ def config_args(pos_emb: str, args: argparse.Namespace, data: DemoData) -> list[
 
 
 def finished(run_dir: Path, steps: int) -> bool:
-    latest = run_dir / "latest"
-    return latest.is_file() and latest.read_text(errors="replace").strip() == f"global_step{steps}"
+    from kerple.checkpoint.files import latest_tag, tag_for  # kerple.checkpoint loads torch: only here
+
+    return latest_tag(run_dir) == tag_for(steps)
 
 
 RUN_PLACES = {"save", "load", "log_dir", "tensorboard_dir"}  # where a run writes, not what it trains

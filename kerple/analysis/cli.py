@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -55,7 +56,29 @@ def outputs(args: argparse.Namespace, doc: dict[str, Any], figure: Any) -> None:
     print(f"wrote {args.output} and {plot}")
 
 
+def run_labels(args: argparse.Namespace) -> list[str] | None:
+    """The ``--labels``, one per ``--load`` and all different (the results are keyed by them), or
+    ``None`` when not given (each run is then labelled by its folder, so a folder given twice is refused)."""
+    loads = args.load or []
+    if args.labels is None:
+        folders = [str(Path(load).resolve()) for load in loads]
+        twice = sorted({load for load, folder in zip(loads, folders) if folders.count(folder) > 1})
+        if twice:
+            raise AnalysisError(f"--load {', '.join(twice)} given twice; each run is one --load (or give --labels)")
+        return None
+    labels = [label.strip() for label in args.labels.split(",")]
+    if len(labels) != len(loads):
+        raise AnalysisError(f"--labels names {len(labels)} run(s) ({args.labels}) but --load gives {len(loads)}; "
+                            "give one label per --load, in the same order")
+    twice = sorted({label for label in labels if labels.count(label) > 1 or not label})
+    if twice:
+        raise AnalysisError(f"--labels {args.labels!r}: each run needs its own non-empty label "
+                            f"(repeated or empty: {', '.join(map(repr, twice))})")
+    return labels
+
+
 def run_receptive_field(args: argparse.Namespace) -> None:
+    labels = run_labels(args)
     own_configs = not split_arguments(args.configs)[0]  # no YAML: every run is read with its own config
     cfg = config_of(args, quiet=own_configs)  # each run's own config is announced when it loads
     check_lengths(cfg, [args.length])
@@ -67,7 +90,7 @@ def run_receptive_field(args: argparse.Namespace) -> None:
         model, folder, iteration = load_model(config_of(args, load) if own_configs and load else cfg, load, args)
         # gradients of the input: a kernel with a backward on this device, as training would pick
         model.set_attention(model.gradient_attention_impl(device_of(args).type, args.length + 1))
-        label = args.labels.split(",")[index] if args.labels else folder
+        label = labels[index] if labels else folder
         runs[label] = {"load": folder, "iteration": iteration,
                        **receptive_field.receptive_field(model, windows, not args.no_progress)}
         print(f"{label}: ERF {runs[label]['erf']} of {args.length} tokens", file=sys.stderr)

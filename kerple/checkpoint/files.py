@@ -73,6 +73,34 @@ def holds_checkpoint_files(path: Path) -> bool:
     return path.is_dir() and any(LAYER_FILE.match(p.name) or MP_FILE.match(p.name) for p in path.iterdir())
 
 
+def latest_tag(directory: str | os.PathLike[str]) -> str | None:
+    """The tag the ``latest`` file of ``directory`` names, or ``None`` when there is no such file.
+
+    The tag must be one folder name inside ``directory`` (``global_step100``): a ``latest`` that
+    is not UTF-8 text, names a path (absolute, with ``..`` or a separator, which would read a
+    checkpoint from elsewhere) or names no folder is a :class:`CheckpointError`."""
+    root = Path(directory)
+    latest = root / LATEST_FILE
+    if not latest.is_file():
+        return None
+    available = ", ".join(map(str, list_checkpoints(root))) or "none"
+    fix = (f"write the tag of one of its checkpoints into it (iterations in {root}: {available}), or load a "
+           f"checkpoint folder itself ({root / 'global_stepN'}, or --iteration N)")
+    try:
+        tag = latest.read_bytes().decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{latest}: not a text file naming a checkpoint folder (its bytes are not UTF-8); "
+                              f"{fix}") from None
+    except OSError as error:
+        raise CheckpointError(f"{latest}: cannot read ({error.strerror}); {fix}") from None
+    if not tag or tag in (".", "..") or Path(tag).name != tag or "\\" in tag or "\n" in tag or "\0" in tag:
+        raise CheckpointError(f"{latest} names {tag[:200]!r}, not a checkpoint folder name: it must be one folder "
+                              f"inside {root} (like global_step100), not a path; {fix}")
+    if not (root / tag).is_dir():
+        raise CheckpointError(f"{latest} names {tag!r}, which is not a checkpoint directory in {root}; {fix}")
+    return tag
+
+
 def find_checkpoint(directory: str | os.PathLike[str], iteration: int | None = None) -> Path | None:
     """The tag directory to read from ``directory``, or ``None`` when it holds no checkpoint at all.
 
@@ -91,11 +119,8 @@ def find_checkpoint(directory: str | os.PathLike[str], iteration: int | None = N
             return root
         available = ", ".join(map(str, list_checkpoints(root))) or "none"
         raise CheckpointError(f"no checkpoint {candidate} (iterations available in {root}: {available})")
-    latest = root / LATEST_FILE
-    if latest.is_file():
-        tag = latest.read_text().strip()
-        if not tag or not (root / tag).is_dir():
-            raise CheckpointError(f"{latest} names {tag!r}, which is not a checkpoint directory in {root}; pass the iteration")
+    tag = latest_tag(root)
+    if tag is not None:
         return root / tag
     if holds_checkpoint_files(root):
         return root

@@ -29,8 +29,15 @@ import torch
 import yaml
 
 from kerple.checkpoint.errors import CheckpointError, ModelParallelError
-from kerple.checkpoint.files import LAYER_FILE, MP_FILE, checkpoint_to_read, trailing_step
-from kerple.checkpoint.neox_layout import WORD_EMBEDDINGS, NeoxAdapter, check_shared_positional, infer_pos_emb, join_key
+from kerple.checkpoint.files import (
+    LAYER_FILE,
+    MP_FILE,
+    checkpoint_to_read,
+    layer_file_name,
+    mp_rank_file_name,
+    trailing_step,
+)
+from kerple.checkpoint.neox_layout import FIRST_LAYER, WORD_EMBEDDINGS, NeoxAdapter, check_shared_positional, infer_pos_emb, join_key
 from kerple.checkpoint.safe_load import safe_torch_load
 from kerple.checkpoint.sharding import ShardSpec, merge_model_parallel
 
@@ -120,7 +127,23 @@ def _strip_prefix(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _read_pipeline(checkpoint_dir: Path, trust: bool) -> list[dict[str, torch.Tensor]]:
+def missing_pipeline_indices(indices: list[int], num_layers: int | None, untied_head: bool = False) -> list[list[int]]:
+    """The pipeline indices a complete GPT-NeoX checkpoint has but ``indices`` (its layer files)
+    lacks: 0, 2..L+1 and L+3 are required, L+4 too for an untied head. Without ``num_layers`` the
+    last file is the final norm or the head; each reading that misses fewest files is returned
+    (two when they tie), and ``[]`` when nothing is missing."""
+    candidates = [(num_layers, untied_head)] if num_layers else [(max(indices) - 3, False), (max(indices) - 4, True)]
+    readings = []
+    for layers, head in candidates:
+        if layers >= 1:
+            expected = {0, *range(FIRST_LAYER, FIRST_LAYER + layers), FIRST_LAYER + layers + 1}
+            expected |= {FIRST_LAYER + layers + 2} if head else set()
+            readings.append(sorted(expected - set(indices)))
+    fewest = min(map(len, readings), default=0)
+    return [] if fewest == 0 else [missing for missing in readings if len(missing) == fewest]
+
+
+def _read_pipeline(checkpoint_dir: Path, trust: bool, settings: dict[str, Any]) -> list[dict[str, torch.Tensor]]:
     """Per model-parallel rank, ``{sequential.N.key: tensor}`` from the layer files."""
     files: dict[int, dict[int, Path]] = {}
     for path in checkpoint_dir.iterdir():
@@ -132,12 +155,18 @@ def _read_pipeline(checkpoint_dir: Path, trust: bool) -> list[dict[str, torch.Te
         raise ModelParallelError(
             f"{checkpoint_dir} has layer files for model-parallel ranks {ranks}; ranks 0..{max(ranks)} must all be present"
         )
-    indices = sorted(files[0])
-    for rank in ranks[1:]:
-        if sorted(files[rank]) != indices:
-            raise ModelParallelError(
-                f"{checkpoint_dir}: rank model_{rank:02d} has layer files {sorted(files[rank])}, rank model_00 has {indices}"
-            )
+    indices = sorted(set().union(*files.values()))
+    absent = [layer_file_name(index, rank) for rank in ranks for index in indices if index not in files[rank]]
+    if absent:
+        raise ModelParallelError(f"{checkpoint_dir} is incomplete: {', '.join(absent)} missing (other model-parallel "
+                                 "ranks have them); copy the whole checkpoint folder again, or load another iteration")
+    layers = settings.get("num_layers")
+    readings = missing_pipeline_indices(indices, int(layers) if layers else None, bool(settings.get("no_weight_tying")))
+    if readings:
+        names = " or ".join(", ".join(layer_file_name(index, rank) for rank in ranks for index in missing)
+                            for missing in readings)
+        raise CheckpointError(f"{checkpoint_dir} is incomplete: {names} missing (it has layer files {indices}); "
+                              "copy the whole checkpoint folder again, or load another iteration")
     out = []
     for rank in ranks:
         state: dict[str, torch.Tensor] = {}
@@ -155,20 +184,25 @@ def _read_ranks(checkpoint_dir: Path, trust: bool) -> tuple[dict[str, Any], str,
     mp_files = sorted(
         (int(m.group(1)), p) for p in checkpoint_dir.iterdir() if (m := MP_FILE.match(p.name)) is not None
     )
+    numbers = [number for number, _ in mp_files]
+    if numbers != list(range(len(numbers))):
+        absent = ", ".join(mp_rank_file_name(rank) for rank in range(max(numbers)) if rank not in numbers)
+        raise ModelParallelError(f"{checkpoint_dir} is incomplete: {absent} missing (it has mp_rank files {numbers}); "
+                                 "copy the whole checkpoint folder again, or load another iteration")
     meta: dict[str, Any] = {}
     if mp_files:
         loaded = safe_torch_load(mp_files[0][1], trust=trust)
         meta = loaded if isinstance(loaded, dict) else {}
     if any(LAYER_FILE.match(p.name) for p in checkpoint_dir.iterdir()):
-        return meta, "pipeline", _read_pipeline(checkpoint_dir, trust)
+        args = {key: value for key, value in _plain_args(meta.get("args")).items() if value is not None}
+        settings = read_config_files(checkpoint_dir) | args
+        return meta, "pipeline", _read_pipeline(checkpoint_dir, trust, settings)
     if not isinstance(meta.get("module"), dict):
+        found = mp_rank_file_name(0) if mp_files else "no mp_rank_00_model_states.pt"
         raise CheckpointError(
-            f"{checkpoint_dir} has neither layer_*-model_*-model_states.pt files nor a 'module' state dict in "
-            "mp_rank_00_model_states.pt"
+            f"{checkpoint_dir} is not a complete checkpoint: it has no layer_*-model_*-model_states.pt files and "
+            f"{found} holds no 'module' state dict; copy the whole checkpoint folder again, or load another iteration"
         )
-    numbers = [number for number, _ in mp_files]
-    if numbers != list(range(len(numbers))):
-        raise ModelParallelError(f"{checkpoint_dir} has mp_rank files {numbers}; ranks 0..{max(numbers)} must all be present")
     ranks = [_strip_prefix(meta["module"])]
     for _, path in mp_files[1:]:
         other = safe_torch_load(path, trust=trust)

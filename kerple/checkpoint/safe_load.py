@@ -135,8 +135,18 @@ def safe_torch_load(path: os.PathLike[str] | str, trust: bool = False, map_locat
     path = pathlib.Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint file {path} does not exist; the checkpoint is incomplete or the path is wrong")
+    try:
+        with open(path, "rb") as handle:
+            if not handle.read(1):
+                raise _corrupt(path, "the file is empty")
+    except OSError as err:
+        raise CheckpointError(f"cannot read checkpoint file {path} ({err.strerror or err})") from None
+    # the file can be opened: what torch.load fails on now is its content (a cut-off zip reads as EINVAL)
     if trust:
-        return torch.load(path, map_location=map_location, weights_only=False)
+        try:
+            return torch.load(path, map_location=map_location, weights_only=False)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as err:
+            raise _corrupt(path, _reason(err)) from None
     offending = scan_unsafe_globals(path)
     if offending:
         raise _refusal(path, offending)
@@ -150,6 +160,22 @@ def safe_torch_load(path: os.PathLike[str] | str, trust: bool = False, map_locat
         refused = re.findall(r"GLOBAL ([\w.]+)", message) + re.findall(r"Unsupported global: ([\w.]+)", message)
         if refused:
             raise _refusal(path, refused) from None
-        raise CheckpointError(f"cannot read checkpoint file {path} in weights-only mode: {message.strip()[-400:]}") from None
-    except (RuntimeError, EOFError, OSError) as err:
-        raise CheckpointError(f"cannot read checkpoint file {path}: {err}. Is the file truncated or not a torch file?") from None
+        raise _corrupt(path, _reason(err)) from None
+    except (RuntimeError, EOFError, ValueError, OSError) as err:
+        raise _corrupt(path, _reason(err)) from None
+
+
+def _reason(error: BaseException) -> str:
+    """The part of a torch.load failure that says what was wrong with the bytes (torch's weights-only
+    message wraps the unpickler's complaint in advice about allowlists that does not apply here)."""
+    text = str(error).strip()
+    inner = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)
+    if inner:
+        text = inner.group(1)
+    first = text.splitlines()[0].split(". ")[0] if text else type(error).__name__
+    return first[:200]
+
+
+def _corrupt(path: pathlib.Path, reason: str) -> CheckpointError:
+    return CheckpointError(f"{path}: corrupt or truncated checkpoint file ({reason}); copy it again from where the "
+                           "run saved it, or load another iteration")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from kerple.atomic import atomic_path, write_bytes_atomic
 from kerple.data.errors import DataError
+from kerple.progress import progress_bar
 
 CONNECT_TIMEOUT_S = 5.0
 STANDARD_TOKENIZERS: dict[str, dict[str, object]] = {
@@ -65,10 +66,7 @@ def download_url(urls: Sequence[str], destination: str | Path, timeout_s: float 
             with atomic_path(target) as temporary, urllib.request.urlopen(request, timeout=timeout_s) as response, \
                     open(temporary, "wb") as out:
                 total = int(response.headers.get("Content-Length") or 0) or None
-                from kerple.progress import progress_bar
-
-                with progress_bar(total=total, unit="B", unit_scale=True, desc=target.name,
-                          disable=None) as bar:
+                with progress_bar(total=total, unit="B", unit_scale=True, desc=target.name, disable=None) as bar:
                     while chunk := response.read(1 << 20):
                         out.write(chunk)
                         bar.update(len(chunk))

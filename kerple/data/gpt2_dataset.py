@@ -141,6 +141,16 @@ def build_index_mappings(
     return doc_idx, sample_idx, shuffle_idx
 
 
+def check_enough_tokens(name: str, data_prefix: str | Path, tokens: int, seq_length: int) -> None:
+    """Refuse a split holding fewer tokens than one sample of ``seq_length + 1``: tiling it for
+    enough epochs would train (or evaluate) on the same few tokens wrapped around, over and over."""
+    if tokens < seq_length + 1:
+        key = "seq-length" if name == "train" else "seq-length-val (seq-length when unset)"
+        raise DataError(f"{data_prefix}: the {name} split holds {tokens:,} tokens, fewer than one sample of "
+                        f"{key} + 1 = {seq_length + 1}; add documents, lower {key}, or give {name} a larger "
+                        "share of split")
+
+
 class GPT2Dataset:
     """Samples of ``seq_length + 1`` tokens drawn from a document range of an indexed dataset.
 
@@ -164,6 +174,8 @@ class GPT2Dataset:
             raise DataError(f"{data_prefix}: the {name} range has no documents")
         if int(np.min(documents)) < 0 or int(np.max(documents)) >= len(indexed_dataset):
             raise DataError(f"{data_prefix}: {name} document ids outside 0..{len(indexed_dataset) - 1}")
+        check_enough_tokens(name, data_prefix, int(indexed_dataset.sizes[documents].astype(np.int64).sum()),
+                            seq_length)
         self.name = name
         self.seq_length = seq_length
         self.indexed_dataset = indexed_dataset

@@ -31,15 +31,18 @@ import numpy as np
 
 from kerple.data.errors import DataError
 from kerple.errors import entry_point
+from kerple.outputs import check_output_folder
+from kerple.progress import progress_bar
 from kerple.data.gpt2_dataset import split_boundaries
 from kerple.data.fetch import ensure_standard_tokenizer, write_atomic
 from kerple.data.indexed_dataset import IndexedDatasetWriter, MMapIndexedDataset, best_fitting_dtype, dataset_exists
 from kerple.data.readers import ReadStats, iter_input_files
 from kerple.data.sources import SOURCES, Corpus, SourceContext, get_source
-from kerple.data.tokenizers import Tokenizer, build_tokenizer, train_bpe_tokenizer
+from kerple.data.tokenizers import MIN_BPE_VOCAB, Tokenizer, build_tokenizer, train_bpe_tokenizer
 
 BATCH_DOCS = 64
 BATCH_CHARS = 2_000_000
+LOCAL_SOURCES = [name for name, source in SOURCES.items() if not source.online]
 MAX_INVALID_SHARE = 0.01
 """Default of ``--max-invalid-bytes``: refuse input where more than 1% of the bytes are not UTF-8."""
 
@@ -151,8 +154,6 @@ def tokenize_corpus(corpus: Corpus, tokenizer: Tokenizer, prefix: str | Path, wo
     """Tokenize every part of ``corpus`` into ``<prefix>.{bin,idx}`` and, when there are several
     parts, also ``<prefix without _text_document>_<part>_text_document``. All or nothing: nothing
     is written when more than ``max_invalid_share`` of the input bytes are not UTF-8."""
-    from tqdm import tqdm
-
     prefix = str(prefix)
     dtype = np.dtype(best_fitting_dtype(tokenizer.vocab_size))
     result = PrepareResult(prefix, tokenizer.describe(), workers=workers, append_eod=append_eod,
@@ -165,8 +166,7 @@ def tokenize_corpus(corpus: Corpus, tokenizer: Tokenizer, prefix: str | Path, wo
     combined = IndexedDatasetWriter(prefix, dtype)
     started = time.perf_counter()
     try:
-        with tqdm(unit="doc", desc=Path(prefix).name, disable=not progress or None, file=sys.stderr,
-                  dynamic_ncols=True) as bar:
+        with progress_bar(unit="doc", desc=Path(prefix).name, disable=not progress) as bar:
             for part, characters, flat, lengths in _encoded(_batches(corpus.parts, stats), tokenizer,
                                                             workers, append_eod, dtype):
                 counts = result.parts.setdefault(part, PartCounts())
@@ -183,9 +183,9 @@ def tokenize_corpus(corpus: Corpus, tokenizer: Tokenizer, prefix: str | Path, wo
                     counts.documents += 1
                     counts.tokens += length
                 result.characters += characters
-                bar.update(len(lengths))
                 elapsed = max(time.perf_counter() - started, 1e-9)
-                bar.set_postfix_str(f"{result.tokens / elapsed:,.0f} tok/s")
+                bar.set_postfix_str(f"{result.tokens:,} tokens, {result.tokens / elapsed:,.0f} tok/s", refresh=False)
+                bar.update(len(lengths))
         if combined.num_documents == 0:
             raise DataError(f"{prefix}: empty corpus: no document with any text "
                             f"({stats.documents} read, {result.skipped_empty} empty)")
@@ -318,17 +318,39 @@ def parser() -> argparse.ArgumentParser:
     return cli
 
 
-def run(argv: list[str] | None = None) -> PrepareResult | dict[str, Any]:
-    """Parse ``argv`` and prepare the dataset; returns the run's result (or the earlier info)."""
-    args = parser().parse_args(argv)
-    data_dir = Path(args.data_dir)
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse option values and combinations that cannot do what they say, before any work."""
     if args.workers < 1:
         raise DataError(f"--workers {args.workers}: must be at least 1")
     if not 0 <= args.max_invalid_bytes <= 1:
         raise DataError(f"--max-invalid-bytes {args.max_invalid_bytes}: a share between 0 and 1 (0.01 = 1%)")
+    if args.limit is not None and args.limit < 1:
+        raise DataError(f"--limit {args.limit}: the number of documents to keep must be at least 1; "
+                        "omit --limit to keep them all")
+    if args.train_tokenizer is not None and args.train_tokenizer < MIN_BPE_VOCAB:
+        raise DataError(f"--train-tokenizer {args.train_tokenizer}: a byte-level BPE needs at least "
+                        f"{MIN_BPE_VOCAB} ids (256 bytes and <|endoftext|>); omit the option to use -t instead")
     if args.input:
-        if args.dataset or not args.output_prefix:
-            raise DataError("--input needs --output-prefix and no dataset name")
+        if args.dataset:
+            raise DataError(f"--input reads your files; give no dataset name ({args.dataset}) with it")
+        if not args.output_prefix:
+            raise DataError("--input needs --output-prefix PREFIX (writes PREFIX_<key>_document.{bin,idx})")
+        if args.limit is not None or args.root or args.url:
+            raise DataError("--limit, --root and --url apply to named datasets; with --input, list the files to use")
+        return
+    if not args.dataset:
+        raise DataError("name a dataset (" + ", ".join(SOURCES) + ") or use --input")
+    if args.output_prefix:
+        raise DataError(f"--output-prefix applies only with --input; a named dataset ({args.dataset}) is written "
+                        f"under -d/--data-dir (now {args.data_dir}): use -d to choose the folder")
+
+
+def run(argv: list[str] | None = None) -> PrepareResult | dict[str, Any]:
+    """Parse ``argv`` and prepare the dataset; returns the run's result (or the earlier info)."""
+    args = parser().parse_args(argv)
+    data_dir = Path(args.data_dir)
+    check_options(args)
+    if args.input:
         keys = [key for key in args.jsonl_keys.split(",") if key]
         if len(keys) != 1:
             raise DataError(f"--jsonl-keys {args.jsonl_keys!r}: give one key per run")
@@ -338,18 +360,23 @@ def run(argv: list[str] | None = None) -> PrepareResult | dict[str, Any]:
             if not Path(path).is_file():
                 raise DataError(f"{path}: input file not found")
         prefix, default_type = f"{args.output_prefix}_{keys[0]}_document", "HFTokenizer"
+        check_output_folder(Path(prefix).parent, f"--output-prefix {args.output_prefix}: the folder")
     else:
-        if not args.dataset:
-            raise DataError("name a dataset (" + ", ".join(SOURCES) + ") or use --input")
         source = get_source(args.dataset)
         if args.root and source.name != "python":
             raise DataError(f"--root is for the python source; {source.name} reads its own files")
+        if args.url and not source.online:
+            raise DataError(f"--url is for the online datasets; {source.name} is built from local files")
+        if args.limit is not None and source.online:
+            raise DataError(f"--limit applies to the local sources ({', '.join(LOCAL_SOURCES)}); "
+                            f"{source.name} is prepared whole")
         prefix = str(data_dir / source.name / f"{source.name}_text_document")
+        check_output_folder(Path(prefix).parent, f"-d/--data-dir {data_dir}: the folder")
         default_type = source.default_tokenizer
         context = SourceContext(data_dir, data_dir / ".cache", args.split, tuple(args.url), args.limit,
                                 tuple(Path(root) for root in args.root))
         corpus = None
-    if args.train_tokenizer:
+    if args.train_tokenizer is not None:
         if corpus is None:
             corpus = source.build(context)
         training_part = corpus.parts.get("train") or corpus.parts["all"]

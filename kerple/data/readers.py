@@ -12,14 +12,17 @@ import io
 import json
 import lzma
 import re
+import zlib
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from kerple.data.errors import DataError
 
 COMPRESSIONS = (".gz", ".xz", ".bz2", ".zst")
+COMPRESSION_NAMES = {".gz": "gzip", ".xz": "xz", ".bz2": "bz2", ".zst": "zstd"}
 
 
 @dataclass
@@ -52,6 +55,50 @@ def decode_utf8_counting(data: bytes) -> tuple[str, int]:
     return _ESCAPED_BYTE.subn("\ufffd", escaped)
 
 
+class ZstdReader(io.RawIOBase):
+    """The decompressed bytes of a ``.zst`` stream of one or more frames. A stream that ends
+    inside a frame raises ``EOFError``, as gzip, xz and bz2 do (zstandard's own stream reader
+    ends quietly there, so a truncated file would read as a shorter corpus)."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        import zstandard
+
+        super().__init__()
+        self._raw = raw
+        self._decompressor = zstandard.ZstdDecompressor(max_window_size=2**31)
+        self._frame: Any = None  # the decompressor of the current frame
+        self._pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            chunk = self._raw.read(1 << 20)
+            if not chunk:
+                if self._frame is not None and not self._frame.eof:
+                    raise EOFError("the file ends inside a zstd frame")
+                return 0
+            self._pending = memoryview(self._decode(chunk))
+        count = min(len(buffer), len(self._pending))
+        buffer[:count] = self._pending[:count]
+        self._pending = self._pending[count:]
+        return count
+
+    def _decode(self, data: bytes) -> bytes:
+        output = []
+        while data:
+            if self._frame is None or self._frame.eof:
+                self._frame = self._decompressor.decompressobj()
+            output.append(self._frame.decompress(data))
+            data = self._frame.unused_data if self._frame.eof else b""
+        return b"".join(output)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
 def open_binary(path: str | Path) -> BinaryIO:
     """Open a file for reading bytes, decompressing by suffix (.gz, .xz, .bz2, .zst)."""
     source = Path(path)
@@ -66,27 +113,43 @@ def open_binary(path: str | Path) -> BinaryIO:
         if suffix == ".bz2":
             return bz2.open(source, "rb")  # type: ignore[return-value]
         if suffix == ".zst":
-            import zstandard
-
-            raw = open(source, "rb")
-            reader = zstandard.ZstdDecompressor(max_window_size=2**31).stream_reader(raw, closefd=True)
-            return io.BufferedReader(reader)  # type: ignore[arg-type]
+            return io.BufferedReader(ZstdReader(open(source, "rb")), buffer_size=1 << 20)
         return open(source, "rb")
     except OSError as error:
         raise DataError(f"{source}: cannot open ({error})") from error
 
 
+def _decompression_errors() -> tuple[type[BaseException], ...]:
+    """What the decompressors raise on damaged data: gzip's ``BadGzipFile`` and bz2's "Invalid
+    data stream" are ``OSError`` without an errno, a cut-off stream is ``EOFError``."""
+    errors: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, lzma.LZMAError)
+    try:
+        import zstandard
+    except ImportError:
+        return errors
+    return (*errors, zstandard.ZstdError)
+
+
+@contextmanager
+def reading(path: str | Path) -> Iterator[None]:
+    """Turn a failure while reading ``path`` into a :class:`DataError` naming it: damaged
+    compressed data is "corrupt or truncated <format> data", other failures "cannot read"."""
+    try:
+        yield
+    except DataError:
+        raise
+    except _decompression_errors() as error:
+        kind = COMPRESSION_NAMES.get(Path(path).suffix.lower())
+        if kind and not (isinstance(error, OSError) and error.errno is not None):
+            raise DataError(f"{path}: corrupt or truncated {kind} data ({error}); "
+                            "fetch the file again or recompress it") from None
+        raise DataError(f"{path}: cannot read ({error})") from None
+
+
 def read_file_bytes(path: str | Path) -> bytes:
     """All (decompressed) bytes of a file, with errors naming it."""
-    try:
-        with open_binary(path) as handle:
-            return handle.read()
-    except (OSError, EOFError, lzma.LZMAError) as error:
-        raise DataError(f"{path}: cannot read ({error})") from error
-    except Exception as error:  # zstandard.ZstdError has no common base besides Exception
-        if type(error).__name__ == "ZstdError":
-            raise DataError(f"{path}: corrupt zstd data ({error})") from error
-        raise
+    with reading(path), open_binary(path) as handle:
+        return handle.read()
 
 
 def is_jsonl(path: str | Path) -> bool:
@@ -100,26 +163,23 @@ def is_jsonl(path: str | Path) -> bool:
 
 def iter_jsonl(path: str | Path, key: str, stats: ReadStats) -> Iterator[str]:
     """The ``key`` field of each JSON line of a (compressed) file, streamed."""
-    try:
-        with open_binary(path) as handle:
-            for line_number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                text, replaced = decode_utf8_counting(line)
-                _count_replacements(stats, path, replaced)
-                try:
-                    record = json.loads(text)
-                except json.JSONDecodeError as error:
-                    raise DataError(f"{path}:{line_number}: not valid JSON ({error.msg})") from error
-                if not isinstance(record, dict) or key not in record:
-                    raise DataError(f"{path}:{line_number}: no {key!r} field (use --jsonl-keys)")
-                value = record[key]
-                if not isinstance(value, str):
-                    raise DataError(f"{path}:{line_number}: field {key!r} is not a string")
-                stats.documents += 1
-                yield value
-    except (OSError, EOFError, lzma.LZMAError) as error:
-        raise DataError(f"{path}: cannot read ({error})") from error
+    with reading(path), open_binary(path) as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            text, replaced = decode_utf8_counting(line)
+            _count_replacements(stats, path, replaced)
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise DataError(f"{path}:{line_number}: not valid JSON ({error.msg})") from error
+            if not isinstance(record, dict) or key not in record:
+                raise DataError(f"{path}:{line_number}: no {key!r} field (use --jsonl-keys)")
+            value = record[key]
+            if not isinstance(value, str):
+                raise DataError(f"{path}:{line_number}: field {key!r} is not a string")
+            stats.documents += 1
+            yield value
 
 
 def _count_replacements(stats: ReadStats, path: str | Path, replaced: int) -> None:

@@ -15,7 +15,9 @@ import re
 import sysconfig
 import tarfile
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from kerple.data.errors import DataError
 from kerple.data.fetch import apt_download_and_extract, download_url, pip_download
 from kerple.data.gpt2_dataset import SPLIT_NAMES, split_boundaries
 from kerple.data.local_python import default_roots, python_files, roots_from_paths
-from kerple.data.readers import ReadStats, decode_utf8_counting, iter_jsonl
+from kerple.data.readers import ReadStats, decode_utf8_counting, iter_jsonl, reading
 
 DocumentStream = Callable[[ReadStats], Iterator[str]]
 TEX_MIN_BYTES = 8192
@@ -49,15 +51,16 @@ class DocumentRef:
 
     def read(self) -> bytes:
         """The document's bytes."""
+        where = f"{self.path}:{self.member}" if self.member else str(self.path)
         try:
             if self.member is not None:
                 with zipfile.ZipFile(self.path) as archive:
                     return archive.read(self.member)
-            if self.path.suffix == ".gz":
-                return gzip.decompress(self.path.read_bytes())
-            return self.path.read_bytes()
-        except (OSError, KeyError, zipfile.BadZipFile, EOFError) as error:
-            where = f"{self.path}:{self.member}" if self.member else str(self.path)
+            with reading(self.path):
+                return gzip.decompress(self.path.read_bytes()) if self.path.suffix == ".gz" else self.path.read_bytes()
+        except (zipfile.BadZipFile, zlib.error, EOFError) as error:
+            raise DataError(f"{where}: corrupt or truncated zip archive ({error}); fetch it again") from None
+        except (OSError, KeyError) as error:
             raise DataError(f"{where}: cannot read document ({error})") from error
 
 
@@ -224,11 +227,21 @@ def _jsonl_stream(path: Path) -> DocumentStream:
     return stream
 
 
+@contextmanager
+def _tar_errors(path: Path) -> Iterator[None]:
+    """A damaged tar (or its gzip layer) named as such; errors of its members pass through."""
+    try:
+        with reading(path):
+            yield
+    except tarfile.TarError as error:
+        raise DataError(f"{path}: corrupt or truncated tar archive ({error}); fetch it again") from None
+
+
 def _tar_stream(path: Path) -> DocumentStream:
     """Members of a tar: JSON-lines members give one document per line, others one per member."""
     def stream(stats: ReadStats) -> Iterator[str]:
         extract_dir = path.parent / (path.name + ".members")
-        with tarfile.open(path) as archive:
+        with _tar_errors(path), tarfile.open(path) as archive:
             for member in archive:
                 if not member.isfile():
                     continue

@@ -15,6 +15,8 @@ from kerple.atomic import atomic_path
 from kerple.data.errors import DataError
 
 EOD_TEXT = "<|endoftext|>"
+MIN_BPE_VOCAB = 256 + 1
+"""The smallest byte-level BPE: one id per byte and ``<|endoftext|>``, no merges."""
 TOKENIZER_TYPES = ("GPT2BPETokenizer", "HFTokenizer", "SPMTokenizer", "CharLevelTokenizer")
 
 
@@ -276,8 +278,9 @@ def train_bpe_tokenizer(texts: Any, vocab_size: int, output_file: str | Path) ->
     from tokenizers import Tokenizer as Backend
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    if vocab_size < 300:
-        raise DataError(f"--train-tokenizer {vocab_size}: a byte-level BPE needs at least 300 ids")
+    if vocab_size < MIN_BPE_VOCAB:
+        raise DataError(f"--train-tokenizer {vocab_size}: a byte-level BPE needs at least {MIN_BPE_VOCAB} ids "
+                        "(256 bytes and <|endoftext|>)")
     backend = Backend(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()

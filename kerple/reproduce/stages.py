@@ -142,10 +142,10 @@ def choose_eval_tokens(settings: Settings, corpus: Corpus) -> int:
 
 def checkpoint_step(folder: Path) -> int:
     """The step of the checkpoint ``latest`` names in ``folder`` (0 when there is none)."""
-    latest = folder / "latest"
-    text = latest.read_text().strip() if latest.is_file() else ""
-    number = text.removeprefix("global_step")
-    return int(number) if text.startswith("global_step") and number.isdigit() else 0
+    from kerple.checkpoint.files import latest_tag, trailing_step  # kerple.checkpoint loads torch: only here
+
+    tag = latest_tag(folder)
+    return (trailing_step(tag) or 0) if tag else 0
 
 
 def train(ctx: Context, corpus: Corpus, pos_emb: str) -> bool:

@@ -66,3 +66,26 @@ def test_nope_variance_writes_json_and_png(tmp_path: Path) -> None:
     assert doc["lemma"][0] == pytest.approx(128**2 * 0.02**4)  # d² σ⁴ / 1 with tiny.yml's d = 128
     assert output.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
     assert sorted(p.name for p in output.parent.iterdir()) == ["variance.json", "variance.png"]  # no temp files left
+
+
+@pytest.mark.parametrize("labels,expected", [
+    ("a,b,c", "--labels names 3 run(s) (a,b,c) but --load gives 2"),
+    ("a", "--labels names 1 run(s) (a) but --load gives 2"),
+    ("a,a", "each run needs its own non-empty label (repeated or empty: 'a')"),
+    ("a,", "each run needs its own non-empty label (repeated or empty: '')"),
+])
+def test_labels_must_name_each_load_once(tmp_path: Path, capsys: pytest.CaptureFixture, labels: str,
+                                         expected: str) -> None:
+    loads = ["--load", str(tmp_path / "run1"), "--load", str(tmp_path / "run2")]
+    argv = ["receptive-field", TINY, *loads, "--labels", labels, "--length", "16", "--output", str(tmp_path / "rf.json")]
+    assert cli.main(argv) == 2
+    assert expected in error_line(capsys)
+    assert not (tmp_path / "rf.json").exists()
+
+
+def test_same_load_twice_without_labels_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "run"
+    argv = ["receptive-field", TINY, "--load", str(run), "--load", f"{run}/", "--length", "16",
+            "--output", str(tmp_path / "rf.json")]
+    assert cli.main(argv) == 2
+    assert "given twice; each run is one --load (or give --labels)" in error_line(capsys)

@@ -156,3 +156,28 @@ def test_build_from_config_split_and_separate_paths(tmp_path: Path) -> None:
 def test_bad_split_string() -> None:
     with pytest.raises(DataError, match="split 'a,b'"):
         split_boundaries("a,b", 10)
+
+
+def test_split_shorter_than_one_sample_is_refused(tmp_path: Path) -> None:
+    prefix, _ = make_corpus(tmp_path, [3, 4])  # 7 tokens
+    with pytest.raises(DataError) as raised:
+        build_train_valid_test_datasets(prefix, "100", (10, 0, 0), 32, 1234)
+    message = str(raised.value)
+    assert message.startswith(f"{prefix}: the train split holds 7 tokens")
+    assert "seq-length + 1 = 33" in message and "lower seq-length" in message
+    assert not list(tmp_path.glob("*.npy"))  # no index map cached for a refused split
+
+
+def test_split_of_exactly_one_sample_is_accepted(tmp_path: Path) -> None:
+    prefix, documents = make_corpus(tmp_path, [20, 13])  # 33 tokens: one sample of 32 + 1
+    built = build_train_valid_test_datasets(prefix, "100", (3, 0, 0), 32, 1234, cache=False)
+    assert built.train is not None
+    np.testing.assert_array_equal(built.train[0]["text"], np.concatenate(documents))
+    with pytest.raises(DataError, match="holds 33 tokens, fewer than one sample of seq-length \\+ 1 = 34"):
+        build_train_valid_test_datasets(prefix, "100", (3, 0, 0), 33, 1234, cache=False)
+
+
+def test_short_valid_split_names_the_evaluation_length(tmp_path: Path) -> None:
+    prefix, _ = make_corpus(tmp_path, [40] * 9 + [10])  # split "9,1": valid is the 10-token document
+    with pytest.raises(DataError, match=r"the valid split holds 10 tokens, .* seq-length-val"):
+        build_train_valid_test_datasets(prefix, "9,1", (4, 2, 0), 8, 1, seq_length_eval=16, cache=False)

