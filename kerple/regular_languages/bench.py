@@ -214,6 +214,10 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+PLOT_COLUMNS = 4
+"""Panels per row of :func:`plot_accuracy` (Table 6.1's twelve tasks: three rows)."""
+
+
 def plot_accuracy(results: list[dict[str, Any]], path: str) -> None:
     """Accuracy against test length, one panel per task, the seed mean per model (min-max shaded)."""
     import matplotlib
@@ -222,8 +226,12 @@ def plot_accuracy(results: list[dict[str, Any]], path: str) -> None:
     import matplotlib.pyplot as plt
 
     tasks = list(dict.fromkeys(r["task"] for r in results))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.2), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
+    columns = min(len(tasks), PLOT_COLUMNS)
+    rows = -(-len(tasks) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
+    for ax in axes.flat[len(tasks):]:
+        ax.set_visible(False)
+    for ax, task in zip(axes.flat, tasks):
         for arch in dict.fromkeys(r["arch"] for r in results if r["task"] == task):
             runs = [r for r in results if r["task"] == task and r["arch"] == arch]
             lengths = [int(n) for n in runs[0]["accuracy"]]
