@@ -23,11 +23,12 @@ from pathlib import Path
 
 import torch
 
-from kerple import atomic
+from kerple import atomic, positional
 from kerple.errors import KerpleError, entry_point
 from kerple.model.regular import PADDINGS
 from kerple.regular_languages.bench import ARCHS, RunSettings, plot_accuracy, run, summary_rows, summary_table
 from kerple.regular_languages.tasks import TASKS, Task, get_task
+from kerple.outputs import check_output_file
 
 # --table61: every task of Table 6.1, RegularGPT C = 2 against the transformer, 3 seeds, a CPU budget
 # (each run stops once its training loss is below --stop-loss, or after --steps).
@@ -40,11 +41,32 @@ def parse_lengths(text: str | None, task: Task) -> list[int]:
     if not text:
         return list(task.test_lengths)
     try:
-        if ":" in text:
-            return list(range(*(int(part) for part in text.split(":"))))
-        return [int(part) for part in text.split(",")]
+        lengths = (list(range(*(int(part) for part in text.split(":")))) if ":" in text
+                   else [int(part) for part in text.split(",")])
     except (TypeError, ValueError) as error:
         raise KerpleError(f"--test-lengths {text!r}: expected start:stop[:step] or a comma list ({error})") from None
+    if not lengths or min(lengths) < 1:
+        raise KerpleError(f"--test-lengths {text!r}: gives {'no length' if not lengths else 'a length below 1'}; "
+                          "write start:stop[:step] with 1 <= start < stop (stop exclusive), e.g. 41:501:20")
+    return lengths
+
+
+# the least value of each numeric flag (flag name, attribute, least, whether the least is excluded)
+MINIMUMS = (("--seeds", "seeds", 1, False), ("--first-seed", "first_seed", 0, False), ("--steps", "steps", 1, False),
+            ("--batch-size", "batch_size", 1, False), ("--lr", "lr", 0, True), ("--hidden-size", "hidden_size", 1, False),
+            ("--layers", "layers", 1, False), ("--eval-samples", "eval_samples", 1, False),
+            ("--chunk-size", "chunk_size", 2, False), ("--thickness", "thickness", 1, False),
+            ("--stop-loss", "stop_loss", 0, False), ("--threads", "threads", 1, False))
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Refuse a numeric flag below its least value, and a probability outside (0, 1), naming both."""
+    for flag, name, least, excluded in MINIMUMS:
+        value = getattr(args, name)
+        if value is not None and (value <= least if excluded else value < least):
+            raise KerpleError(f"{flag} {value}: expected {'more than' if excluded else 'at least'} {least}")
+    if not 0 < args.probability < 1:
+        raise KerpleError(f"--probability {args.probability}: P(b) is a probability in (0, 1), e.g. 0.5")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--arch", nargs="+", default=["regulargpt"], choices=list(ARCHS))
     parser.add_argument("--chunk-size", type=int, default=2, help="RegularGPT's C (Eq. 6.1)")
     parser.add_argument("--thickness", type=int, default=1, help="RegularGPT's K (shared blocks)")
-    parser.add_argument("--pos-emb", default="rpe", help="the transformer's embedding (kerple.positional registry)")
+    parser.add_argument("--pos-emb", default="rpe", choices=[*positional.names(), *positional.aliases()], metavar="POS_EMB",
+                        help=f"the transformer's embedding, among: {', '.join(positional.names())}")
     parser.add_argument("--seeds", type=int, default=3, help="seeds S..S+N-1 (S: --first-seed)")
     parser.add_argument("--first-seed", type=int, default=0, help="first seed S")
     parser.add_argument("--steps", type=int, default=RunSettings.steps)
@@ -89,6 +112,10 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
                 setattr(args, key, value)
     if not args.task:
         raise KerpleError("name the tasks with --task (or run the whole table with --table61)")
+    check_numbers(args)
+    for name in args.task:
+        parse_lengths(args.test_lengths, get_task(name))
+    check_output_file(args.output, "--output")
     return args
 
 

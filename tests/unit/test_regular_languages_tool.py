@@ -77,3 +77,20 @@ def test_bad_lengths_are_a_user_error(tmp_path: Path, capsys: pytest.CaptureFixt
     argv = ["--task", "tomita3", "--arch", "rnn", "--test-lengths", "a:b", "--output", str(tmp_path / "x.json")]
     assert load_tool().main(argv) == 2
     assert "--test-lengths" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--steps", "-1"], "--steps -1: expected at least 1"),
+    (["--lr", "0"], "--lr 0.0: expected more than 0"),
+    (["--chunk-size", "1"], "--chunk-size 1: expected at least 2"),
+    (["--probability", "1.5"], "--probability 1.5: P(b) is a probability in (0, 1)"),
+    (["--test-lengths", "5:1"], "--test-lengths '5:1': gives no length"),
+    (["--test-lengths", "0,3"], "--test-lengths '0,3': gives a length below 1"),
+])
+def test_numbers_below_their_least_are_refused_before_any_run(
+    flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    tool = load_tool()
+    assert tool.main(["--task", "parity_check", *flags, "--output", str(tmp_path / "r.json")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
