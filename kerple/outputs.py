@@ -47,13 +47,19 @@ def check_output_folder(path: str | os.PathLike[str], what: str) -> None:
     _check_can_create_in(_existing_folder(target, target, what), target, what)
 
 
-def check_output_file(path: str | os.PathLike[str], what: str, inputs: Iterable[str | os.PathLike[str]] = ()) -> None:
-    """Refuse a file output ``path`` that is a folder, lies under a file, cannot be written, or is
+def check_output_file(path: str | os.PathLike[str], what: str, inputs: Iterable[str | os.PathLike[str]] = (),
+                      folders: Iterable[str | os.PathLike[str]] = ()) -> None:
+    """Refuse a file output ``path`` that is a folder, lies under a file, cannot be written, is
     one of ``inputs`` (the command's input files, e.g. its YAML configs, or its other outputs:
-    writing would replace one)."""
+    writing would replace one), or lies inside one of ``folders`` (checkpoints the command reads:
+    a result written there could replace ``latest`` or a weight file)."""
     target = Path(path)
     if target.is_dir():
         raise UsageError(f"{what} {target} is a folder; name a file")
+    for folder in map(Path, folders):
+        if folder.is_dir() and target.resolve().is_relative_to(folder.resolve()):
+            raise UsageError(f"{what} {target} is inside {folder}, the checkpoint this command reads; "
+                             "write results outside checkpoint folders")
     for source in map(Path, inputs):
         same = target.samefile(source) if target.exists() and source.exists() else target.resolve() == source.resolve()
         if same:

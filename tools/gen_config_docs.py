@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ TARGET = ROOT / "docs" / "config.md"
 
 def main() -> None:
     """Write the page to a temporary file beside the target, then rename it into place."""
+    argparse.ArgumentParser(description=__doc__).parse_args()  # no options: a stray word is refused
     write_text_atomic(TARGET, render_reference())
     print(f"wrote {TARGET.relative_to(ROOT)}")
 

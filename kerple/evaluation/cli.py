@@ -284,7 +284,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     length (``complete`` false until the last) and return it."""
     started = time.perf_counter()
     check_arguments(args)
-    check_output_file(args.output, "--output", inputs=split_arguments(args.configs)[0])
+    check_output_file(args.output, "--output", inputs=split_arguments(args.configs)[0],
+                      folders=[args.load] if args.load else [])
     resolved = evaluation_config(args)
     cfg = resolved.cfg
     lengths = parse_lengths(args.eval_lengths, "--eval-lengths")
