@@ -154,7 +154,7 @@ def config_changes(pos_emb: str, args: argparse.Namespace, data: DemoData) -> li
     quiet = logging.getLogger("kerple.config")
     level, quiet.level = quiet.level, logging.WARNING  # the demo's own overrides, not news to the user
     try:
-        now = load_config([ROOT / path for path in yamls], parse_overrides(overrides)).to_dict()
+        now = load_config([ROOT / path for path in yamls], parse_overrides(overrides)).resolve_batch(1).to_dict()
         before = load_config([resolved]).to_dict()
     finally:
         quiet.setLevel(level)

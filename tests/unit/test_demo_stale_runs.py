@@ -29,7 +29,7 @@ def finished_run(demo, tmp_path: Path, lr: str):
                          vocab_size=300, valid_tokens=1)
     yamls, overrides = split_arguments(demo.config_args("alibi", args, data))
     overrides = [item for item in overrides if not item.startswith("lr=")] + [f"lr={lr}"]
-    cfg = load_config([REPO / path for path in yamls], parse_overrides(overrides))
+    cfg = load_config([REPO / path for path in yamls], parse_overrides(overrides)).resolve_batch(1)  # as train.py saves it
     run = tmp_path / "runs" / "alibi"
     (run / "global_step5" / "configs").mkdir(parents=True)
     (run / "latest").write_text("global_step5\n")
