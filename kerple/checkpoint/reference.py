@@ -39,6 +39,7 @@ from kerple.checkpoint.files import (
 )
 from kerple.checkpoint.neox_layout import FIRST_LAYER, WORD_EMBEDDINGS, NeoxAdapter, check_shared_positional, infer_pos_emb, join_key
 from kerple.checkpoint.safe_load import safe_torch_load
+from kerple.model import families
 from kerple.checkpoint.sharding import ShardSpec, merge_model_parallel
 
 
@@ -143,6 +144,13 @@ def missing_pipeline_indices(indices: list[int], num_layers: int | None, untied_
     return [] if fewest == 0 else [missing for missing in readings if len(missing) == fewest]
 
 
+def layer_count_key(settings: dict[str, Any]) -> str:
+    """The key counting the layer modules of the checkpoint's model family (``num_layers`` for GPT,
+    RegularGPT's ``regular_thickness``: its K shared blocks are its layer files)."""
+    name = settings.get("arch") or "gpt"
+    return families.family(name).layer_count_key if families.unknown_family(name) is None else "num_layers"
+
+
 def _read_pipeline(checkpoint_dir: Path, trust: bool, settings: dict[str, Any]) -> list[dict[str, torch.Tensor]]:
     """Per model-parallel rank, ``{sequential.N.key: tensor}`` from the layer files."""
     files: dict[int, dict[int, Path]] = {}
@@ -160,7 +168,7 @@ def _read_pipeline(checkpoint_dir: Path, trust: bool, settings: dict[str, Any]) 
     if absent:
         raise ModelParallelError(f"{checkpoint_dir} is incomplete: {', '.join(absent)} missing (other model-parallel "
                                  "ranks have them); copy the whole checkpoint folder again, or load another iteration")
-    layers = settings.get("num_layers")
+    layers = settings.get(layer_count_key(settings))
     readings = missing_pipeline_indices(indices, int(layers) if layers else None, bool(settings.get("no_weight_tying")))
     if readings:
         names = " or ".join(", ".join(layer_file_name(index, rank) for rank in ranks for index in missing)

@@ -299,10 +299,10 @@ class Trainer:
                 elapsed_total, steps_total = elapsed_total + step_time, steps_total + 1
                 window_steps += 1
                 result.losses.append((self.iteration, loss))
-                first = steps_total == 1  # a first line at once: the user sees the run is alive
-                if self.iteration % log_interval == 0 or self.iteration == self.train_iters or first:
+                on_interval = self.iteration % log_interval == 0 or self.iteration == self.train_iters
+                if on_interval or steps_total == 1:  # a first line at once: the user sees the run is alive
                     window = (time.perf_counter() - window_start) / window_steps
-                    self._log_progress(loss, lr, tokens_per_step, window, elapsed_total / steps_total)
+                    self._log_progress(loss, lr, tokens_per_step, window, elapsed_total / steps_total, on_interval)
                     window_start, window_steps = time.perf_counter(), 0
                 if eval_interval and self.iteration % eval_interval == 0:
                     self._run_eval(result)
@@ -336,7 +336,9 @@ class Trainer:
         self.monitor.print(f"validation at step {self.iteration}: lm_loss {value:.6f} | ppl {ppl:.3f}")
         self.monitor.record(self.iteration, {"lm_loss": value, "lm_loss_ppl": ppl}, "validation")
 
-    def _log_progress(self, loss: float, lr: float, tokens_per_step: int, step_time: float, mean_time: float) -> None:
+    def _log_progress(self, loss: float, lr: float, tokens_per_step: int, step_time: float, mean_time: float,
+                      record: bool = True) -> None:
+        """The console line; with ``record``, also the metrics (every ``log_interval`` steps, as GPT-NeoX)."""
         with gathered(self.model.positional_parameters(), self.zero3):
             positional = self.model.positional_metrics()
         grad_norm = self.engine.get_global_grad_norm()
@@ -356,7 +358,8 @@ class Trainer:
         if grad_norm is not None:
             metrics["grad_norm"] = grad_norm
         metrics.update({f"positional/{k}": v for k, v in positional.items()})
-        self.monitor.record(self.iteration, metrics, "train")
+        if record:
+            self.monitor.record(self.iteration, metrics, "train")
 
     # --- signals ------------------------------------------------------------------------------
     def _install_signal_handlers(self) -> dict[int, Any]:

@@ -98,6 +98,15 @@ def test_missing_layer_file_is_named(tmp_path: Path, index: int) -> None:
     assert str(raised.value).startswith(f"{root / 'global_step3'} is incomplete: {LAYER.format(index, 0)} missing")
 
 
+@pytest.mark.parametrize("index", [0, 2, 3, 5])  # RegularGPT K = 2: pad+token embedding, two shared blocks, norm
+def test_a_regular_gpt_checkpoint_counts_its_shared_blocks(tmp_path: Path, index: int) -> None:
+    root = copy_fixture(tmp_path, "regular-c3-k2")
+    read_checkpoint(root)  # complete: K = 2 block files, not num_layers of them
+    (root / "global_step5" / LAYER.format(index, 0)).unlink()
+    with pytest.raises(CheckpointError, match=rf"is incomplete: {LAYER.format(index, 0)} missing"):
+        read_checkpoint(root)
+
+
 @pytest.mark.parametrize("index,missing", [
     (3, "layer_03-model_00-model_states.pt, layer_03-model_01-model_states.pt missing"),
     # without num_layers, file 6 is the final norm of 3 layers or the head of 2: both readings are named
