@@ -358,7 +358,8 @@ def run(argv: list[str] | None = None) -> PrepareResult | dict[str, Any]:
         corpus = Corpus({"all": lambda stats: iter_input_files(paths, keys[0], stats)})
         for path in paths:
             if not Path(path).is_file():
-                raise DataError(f"{path}: input file not found")
+                what = "is a folder; --input takes files (list them, comma-separated)" if Path(path).is_dir() else "input file not found"
+                raise DataError(f"{path}: {what}")
         prefix, default_type = f"{args.output_prefix}_{keys[0]}_document", "HFTokenizer"
         check_output_folder(Path(prefix).parent, f"--output-prefix {args.output_prefix}: the folder")
     else:

@@ -145,6 +145,9 @@ def test_bad_inputs_exit_nonzero_and_leave_nothing(tmp_path: Path, capsys: pytes
     status = preprocess.main(["--input", str(tmp_path / "missing.jsonl"), "--output-prefix", str(out),
                               "-t", "CharLevelTokenizer"])
     assert status == 2 and "missing.jsonl: input file not found" in capsys.readouterr().err
+    (tmp_path / "a-folder").mkdir()
+    status = preprocess.main(["--input", str(tmp_path / "a-folder"), "--output-prefix", str(out)])
+    assert status == 2 and "a-folder: is a folder; --input takes files" in capsys.readouterr().err
     (tmp_path / "empty.jsonl").write_text(json.dumps({"text": ""}) + "\n")
     status = preprocess.main(["--input", str(tmp_path / "empty.jsonl"), "--output-prefix", str(out),
                               "-t", "CharLevelTokenizer", "--quiet"])
