@@ -79,7 +79,7 @@ def main() -> None:
     lengths = parse_lengths(args.lengths, "--lengths")
     print(f"device={device} torch={torch.__version__} threads={torch.get_num_threads()} pos_emb={args.pos_emb}")
     print("model: 2 layers, h=128, 4 heads, vocab 512, batch 1, fp32")
-    print(f"| impl | mode | " + " | ".join(f"{length} tok (s)" for length in lengths) + " |")
+    print("| impl | mode | " + " | ".join(f"{length} tok (s)" for length in lengths) + " |")
     print("|---|---|" + "---|" * len(lengths))
     for impl in args.impls.split(","):
         for mode, training in (("fwd", False), ("fwd+bwd", True)):

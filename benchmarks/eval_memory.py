@@ -226,7 +226,7 @@ def measure_all(args: argparse.Namespace, cfg, lengths: list[int], budget: int) 
                 cell.note = (f"skipped: projected {_projected_seconds(previous, length, impl):.0f} s "
                              f"> --max-seconds {args.max_seconds:.0f}")
             if cell.note:
-                blocked = blocked or f"skipped: a shorter length was skipped or failed"
+                blocked = blocked or "skipped: a shorter length was skipped or failed"
                 continue
             outcome = run_one(args, impl, length, timeout=args.max_seconds * 3 + 120)
             if "error" in outcome:
