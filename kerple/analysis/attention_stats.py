@@ -14,9 +14,9 @@ import math
 from typing import Any
 
 import torch
-from kerple.progress import progress_bar
 
 from kerple.model.attention import AttentionContext, SelfAttention
+from kerple.progress import progress_bar
 
 
 def row_statistics(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``analyze.py``; returns 2 on bad input."""
     args = parse_arguments(argv)
     yamls = split_arguments(args.configs)[0]
-    loads = [load for load in (args.load if isinstance(args.load, list) else [args.load]) if load]
+    loads = args.load or []  # --load appends: a list, or None
     check_output_file(args.output, "--output", inputs=yamls, folders=loads)
     check_output_file(png_beside(args.output, args.plot), "--plot", inputs=[*yamls, args.output], folders=loads)
     for name in ("length", "num_sequences", "num_samples", "samples"):

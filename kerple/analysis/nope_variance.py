@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+
 from kerple.progress import progress_bar
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from kerple.progress import progress_bar
 
 PROBES = ("linear", "mlp")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from kerple.progress import progress_bar
 
 ERF_SHARE = 0.99

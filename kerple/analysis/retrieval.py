@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
-from kerple.progress import progress_bar
 
 from kerple.analysis.errors import AnalysisError
+from kerple.progress import progress_bar
 
 TASKS = ("passkey", "line")
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)

@@ -83,21 +83,23 @@ def latest_tag(directory: str | os.PathLike[str]) -> str | None:
     latest = root / LATEST_FILE
     if not latest.is_file():
         return None
-    available = ", ".join(map(str, list_checkpoints(root))) or "none"
-    fix = (f"write the tag of one of its checkpoints into it (iterations in {root}: {available}), or load a "
-           f"checkpoint folder itself ({root / 'global_stepN'}, or --iteration N)")
+    def refuse(problem: str) -> CheckpointError:  # the folder is listed only when the tag is refused
+        available = ", ".join(map(str, list_checkpoints(root))) or "none"
+        return CheckpointError(f"{problem}; write the tag of one of its checkpoints into it (iterations in {root}: "
+                               f"{available}), or load a checkpoint folder itself ({root / 'global_stepN'}, or "
+                               "--iteration N)")
+
     try:
         tag = latest.read_bytes().decode("utf-8").strip()
     except UnicodeDecodeError:
-        raise CheckpointError(f"{latest}: not a text file naming a checkpoint folder (its bytes are not UTF-8); "
-                              f"{fix}") from None
+        raise refuse(f"{latest}: not a text file naming a checkpoint folder (its bytes are not UTF-8)") from None
     except OSError as error:
-        raise CheckpointError(f"{latest}: cannot read ({error.strerror}); {fix}") from None
+        raise refuse(f"{latest}: cannot read ({error.strerror})") from None
     if not tag or tag in (".", "..") or Path(tag).name != tag or "\\" in tag or "\n" in tag or "\0" in tag:
-        raise CheckpointError(f"{latest} names {tag[:200]!r}, not a checkpoint folder name: it must be one folder "
-                              f"inside {root} (like global_step100), not a path; {fix}")
+        raise refuse(f"{latest} names {tag[:200]!r}, not a checkpoint folder name: it must be one folder "
+                     f"inside {root} (like global_step100), not a path")
     if not (root / tag).is_dir():
-        raise CheckpointError(f"{latest} names {tag!r}, which is not a checkpoint directory in {root}; {fix}")
+        raise refuse(f"{latest} names {tag!r}, which is not a checkpoint directory in {root}")
     return tag
 
 

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from kerple.progress import progress_bar
 
 from kerple.atomic import write_json_atomic as _write_json_atomic
 from kerple.cli import add_config_arguments
@@ -46,6 +45,7 @@ from kerple.evaluation.runner import (
     model_loss_fn,
     window_tokens,
 )
+from kerple.progress import progress_bar
 from kerple.runs import RunConfig, load_run, parse_lengths, resolve_device, run_config
 
 RESULTS_FORMAT = "kerple-eval-1"

@@ -19,10 +19,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from kerple.progress import progress_bar
 
 from kerple.evaluation.errors import EvaluationError
 from kerple.evaluation.protocols import WindowPlan
+from kerple.progress import progress_bar
 
 # (tokens [b, n], labels [b, n], first) -> per-token loss [b, n - first] of positions first .. n - 1
 LossFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]

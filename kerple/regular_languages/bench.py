@@ -17,10 +17,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from kerple.progress import progress_bar
 
+from kerple.progress import progress_bar
 from kerple.regular_languages.tasks import Task, TaskError, sample_batch
 from kerple.regular_languages.thesis import TABLE_6_1, thesis_column
+
 
 @dataclass
 class RunSettings:
