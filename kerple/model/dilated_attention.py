@@ -100,7 +100,7 @@ class DilatedFlexKernel(FlexKernel):
         """The block-sparse mask of Eq. 6.1 with the pad slot over ``slots = 1 + T`` (cached)."""
 
         def build() -> BlockMask:
-            _, mask_mod = flex_mods(scalars.detach(), dilation, padded)
+            mask_mod = flex_mods(scalars.detach(), dilation, padded).mask_mod
             return create_block_mask(mask_mod, None, None, slots, slots, device=device)
 
         return self.cached_block_mask((slots, scalars.shape[-1], dilation, padded, str(device)), build)
@@ -109,7 +109,7 @@ class DilatedFlexKernel(FlexKernel):
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scalars: torch.Tensor, dilation: int, padded: bool
     ) -> torch.Tensor:
         """``query``/``key``/``value [b, H, 1 + T, d]``, ``scalars [H, C]`` -> ``[b, H, 1 + T, d]``."""
-        score_mod, _ = flex_mods(scalars, dilation, padded)
+        mods = flex_mods(scalars, dilation, padded)
         block_mask = self.block_mask(scalars, query.shape[-2], dilation, padded, query.device)
         table_bytes = torch.promote_types(scalars.dtype, torch.float32).itemsize  # flex_mods' two tables
-        return self.attend(query, key, value, score_mod, block_mask, (scalars,), "dilated_table", 2 * table_bytes)
+        return self.attend(query, key, value, mods.score_mod, block_mask, mods.captured, "dilated_table", 2 * table_bytes)

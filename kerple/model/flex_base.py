@@ -25,6 +25,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from kerple.model.flex_options import LadderKey, OptionsLadder, device_limits, is_out_of_resource
+from kerple.positional.logit_term import unsafe_captures
 
 ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 RECOMPILE_LIMIT = 256  # compiled variants of flex_attention per process (shapes x score mods x options)
@@ -95,8 +96,17 @@ class FlexKernel:
         """FlexAttention of ``query [b, H, q, d]``, ``key``/``value [b, H, k, d]`` -> ``[b, H, q, d]``.
 
         ``captured``: the tensors ``score_mod`` reads; ``kind`` and ``gathered_bytes`` describe it
-        for the option choice (:class:`~kerple.positional.logit_term.LogitTerm`).
+        for the option choice (:class:`~kerple.positional.logit_term.LogitTerm`). A captured tensor
+        that needs a gradient and is a view or a leaf is refused (``ValueError``): compiled, it would
+        get no gradient (:func:`~kerple.positional.logit_term.kernel_tensor` makes the safe copy).
         """
+        unsafe = unsafe_captures(captured)
+        if unsafe:
+            raise ValueError(
+                f"captured tensors {unsafe} of the {kind!r} score modification need a gradient but are views or "
+                "parameters, which compiled FlexAttention leaves without one; pass them through "
+                "kerple.positional.logit_term.kernel_tensor"
+            )
         if self._compiled_attention is None:
             return flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask)
         limits = device_limits(query.device)

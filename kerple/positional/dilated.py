@@ -35,9 +35,11 @@ real query), which checkpoints written before padding were trained with.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
+
+from kerple.positional.logit_term import kernel_tensor
 
 ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -89,13 +91,22 @@ def gathered_term(scalars: torch.Tensor, length: int, dilation: int, padded: boo
     return term.masked_fill(~exists, float("-inf"))
 
 
-def flex_mods(scalars: torch.Tensor, dilation: int, padded: bool) -> tuple[ScoreMod, MaskMod]:
+class FlexMods(NamedTuple):
+    """What :func:`flex_mods` gives a kernel: the two modifications and the tensors they capture."""
+
+    score_mod: ScoreMod
+    mask_mod: MaskMod
+    captured: tuple[torch.Tensor, ...]
+
+
+def flex_mods(scalars: torch.Tensor, dilation: int, padded: bool) -> FlexMods:
     """FlexAttention's ``score_mod`` (``+ r[h, k]``; the pad slot's ``logsumexp``) and ``mask_mod``
-    (Eq. 6.1 and the pad slot) over the ``[pad, x_0, ...]`` layout; ``scalars`` are captured, so
-    gradients reach them where FlexAttention has a backward."""
+    (Eq. 6.1 and the pad slot) over the ``[pad, x_0, ...]`` layout; two tables computed from
+    ``scalars`` are captured (copies made by :func:`kernel_tensor`), so gradients reach ``scalars``
+    where FlexAttention has a backward."""
     chunk = scalars.shape[-1]
-    table = scalars.to(torch.promote_types(scalars.dtype, torch.float32))
-    pad_table = pad_logits(table)[:, :chunk]  # the C-th column (no absent key) is masked anyway
+    table = kernel_tensor(scalars.to(torch.promote_types(scalars.dtype, torch.float32)))
+    pad_table = kernel_tensor(pad_logits(table)[:, :chunk])  # the C-th column (no absent key) is masked anyway
     reach = (chunk - 1) * dilation  # a real query at index q has an absent key iff q - 1 < reach
 
     def score_mod(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
@@ -109,4 +120,4 @@ def flex_mods(scalars: torch.Tensor, dilation: int, padded: bool) -> tuple[Score
         pad_visible = q_idx <= reach if padded else q_idx == 0  # the pad slot itself is q_idx 0
         return real | ((kv_idx == 0) & pad_visible)
 
-    return score_mod, mask_mod
+    return FlexMods(score_mod, mask_mod, (table, pad_table))

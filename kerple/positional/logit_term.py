@@ -21,6 +21,12 @@ that depend on more than ``i - j`` fit the same structure: a term of the query p
 indexed by ``(b, h, i)`` or ``(b, h, j)`` (CABLE). FlexAttention's own rule applies to every
 captured tensor that needs a gradient: index it once per function call (it scatters that one
 index's gradient); a tensor read at two indices is captured twice (two clones).
+
+Every captured tensor passes through :func:`kernel_tensor` (:class:`LogitTerm` applies it to its
+``tensors``): under AOTAutograd, which compiles FlexAttention on CUDA, a captured tensor that is a
+*view* of a tensor needing a gradient (``param.reshape(H)``) silently gets no gradient: the
+positional parameters of every KERPLE variant stayed at their initial values on a GPU until this
+rule. A fresh copy of its own storage is differentiated like any other buffer.
 """
 
 from __future__ import annotations
@@ -47,6 +53,26 @@ class ScorePosition(NamedTuple):
 TermFunction = Callable[[tuple[torch.Tensor, ...], ScorePosition], torch.Tensor]
 
 
+def kernel_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` made safe to capture in a compiled FlexAttention kernel: a contiguous copy with its
+    own storage when it needs a gradient and is a view or a leaf (a parameter), else ``tensor``.
+
+    AOTAutograd drops the gradient of a captured view of a differentiated tensor without an error
+    (torch 2.13; see the module docstring), so nothing that needs a gradient may reach a kernel as
+    one. The copy is differentiable (autograd carries its gradient to the parameter) and costs one
+    small copy per forward: captured tensors are per-head or per-token vectors, never ``L x L``.
+    Idempotent: a copy is neither a view nor a leaf.
+    """
+    if tensor.requires_grad and (tensor.is_leaf or tensor._is_view()):
+        return tensor.clone(memory_format=torch.contiguous_format)
+    return tensor
+
+
+def unsafe_captures(tensors: tuple[torch.Tensor, ...]) -> list[int]:
+    """Indices of ``tensors`` that :func:`kernel_tensor` would copy (kernels refuse such captures)."""
+    return [index for index, tensor in enumerate(tensors) if kernel_tensor(tensor) is not tensor]
+
+
 def causal_distance(position: ScorePosition) -> torch.Tensor:
     """Float32 ``d = i - j``, clamped at 0.
 
@@ -61,7 +87,8 @@ def causal_distance(position: ScorePosition) -> torch.Tensor:
 class LogitTerm:
     """``score * scale(tensors, position) + bias(tensors, position)`` for each score of a fused kernel.
 
-    ``tensors`` are everything the functions read (captured by the kernel); ``bias`` / ``scale``
+    ``tensors`` are everything the functions read (captured by the kernel; each stored as
+    :func:`kernel_tensor` makes it, so a view of a parameter cannot lose its gradient); ``bias`` / ``scale``
     may be ``None`` (no such term). ``kind`` names the form for kernel-option choice and reports;
     ``gathered_bytes`` is the size, per score, of the values gathered from memory in a tile shaped
     like the score tile (0 for a closed form; the table's element size for a distance table):
@@ -73,6 +100,10 @@ class LogitTerm:
     scale: TermFunction | None = None
     kind: str = "closed_form"
     gathered_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        """Every captured tensor through :func:`kernel_tensor`, whoever built the term."""
+        object.__setattr__(self, "tensors", tuple(kernel_tensor(tensor) for tensor in self.tensors))
 
     def apply(self, score: torch.Tensor, position: ScorePosition) -> torch.Tensor:
         """The scaled logit with this term applied (the scale first, then the bias: reference order)."""
