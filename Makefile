@@ -40,25 +40,23 @@ docs: $(STAMP)
 clean-venv:
 	rm -rf $(VENV)
 
-# `make gpu-check [STEPS=3,4] [BUDGET=seconds]`: the GPU check (tools/gpu_check.py) with the
-# interpreter that holds torch: .venv here, the image's python3 on a GPU machine. Distributions it
-# lacks are installed from .whl/ (`make gpu-wheels` where there is network) into GPU_SITE, offline.
+# `make gpu-check [QUICK=1] [STEPS=3,4] [BUDGET=seconds] [OUTPUT=folder]`: the GPU check
+# (tools/gpu_check.py) with the interpreter that holds torch: .venv here, the image's python3 on a GPU
+# machine. QUICK=1: one short lease (steps 1, 3, 4 for the key embeddings, 540 s). Distributions the
+# interpreter lacks, or has too old, are installed from .whl/ (`make gpu-wheels` where there is
+# network) into GPU_SITE, offline; gpu_check.py does that itself when run without make.
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 GPU_SITE ?= /tmp/kerple-gpu-site
 STEPS ?= all
 # shell lines shared by the GPU targets: install what the interpreter lacks from .whl/, offline
 define GPU_SITE_SETUP
-missing="$$(PYTHONPATH=$(GPU_SITE) $(GPU_PYTHON) tools/gpu_wheels.py missing)" || exit 2; \
-if [ -n "$$missing" ]; then \
-  ls .whl/*.whl >/dev/null 2>&1 || { echo "make $@: missing $$missing and .whl/ is empty: run 'make gpu-wheels' where PyPI is reachable" >&2; exit 2; }; \
-  echo "installing .whl/ into $(GPU_SITE) (offline) for: $$missing"; \
-  $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl || exit 2; \
-fi
+$(GPU_PYTHON) tools/gpu_wheels.py install $(GPU_SITE) || echo "make $@: going on without the missing distributions" >&2
 endef
 
 gpu-check:
 	@$(GPU_SITE_SETUP); \
-	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) tools/gpu_check.py --steps "$(STEPS)" $(if $(BUDGET),--budget $(BUDGET))
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) tools/gpu_check.py --steps "$(STEPS)" $(if $(QUICK),--quick) \
+	  $(if $(BUDGET),--budget $(BUDGET)) $(if $(OUTPUT),--output $(OUTPUT))
 
 # `make gpu-reproduce [TOKENS=600M] [MINUTES=9] [SCALE=tiny] [REPRODUCE_ARGS=...]`: KERPLE Table 3 at
 # 162M (tools/gpu_reproduce.py); each call works for at most MINUTES, the same call again continues.

@@ -3,7 +3,8 @@
     python tools/gpu_wheels.py download          # here (PyPI reachable): fill .whl/ and verify it
     python tools/gpu_wheels.py download --all    # also the optional packages (W&B, datasets, zstd)
     python tools/gpu_wheels.py verify            # check .whl/ again
-    python tools/gpu_wheels.py missing           # there: the distributions this interpreter lacks
+    python tools/gpu_wheels.py missing           # there: the distributions this interpreter lacks or has too old
+    python tools/gpu_wheels.py install DIR       # there: install just those from .whl/ into DIR (offline)
 
 Target: CPython 3.12 on manylinux x86_64 with PyTorch 2.11 and CUDA, the packages of
 ``IMAGE_PACKAGES`` installed, no network. The set is resolved from ``ROOTS`` (DeepSpeed, built here
@@ -13,7 +14,15 @@ the image does not provide, recursively. Every version is the one installed in t
 where the project's tests run, so the machine gets a tested combination and one version of each.
 ``verify`` re-reads the folder: one wheel per distribution, each installable on the target (a
 ``pip install --dry-run`` for that platform), and every requirement met by a wheel here or by the
-image. `make gpu-check` installs the folder with ``pip install --no-index --no-deps --target``.
+image.
+
+The image's own packages are not fetched, except where a wheel asks for a version of one
+(``typing-extensions>=4.16`` for pydantic, ``packaging>=24.2`` for megatron-core): those are
+fetched too, as *conditional* wheels. On the target, ``missing`` compares versions: it lists what
+the interpreter lacks and what it has in a version some wheel's requirement refuses, and
+``install`` puts only those into a folder with ``pip install --no-index --no-deps --target`` (a
+conditional wheel whose package the image already has in a good version is left out, so it never
+shadows the image's). ``tools/gpu_check.py`` calls :func:`install` itself (the image may lack make).
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ MARKERS = {"python_version": PYTHON_VERSION, "python_full_version": f"{PYTHON_VE
 ROOTS = ("deepspeed", "megatron-core")
 # Imported by the project but not by the check: W&B (use_wandb), datasets (no import), zstandard (.zst input).
 OPTIONAL = ("wandb", "datasets", "zstandard")
+NEVER_CARRIED = frozenset({"torch", "triton", "numpy"})  # the image's own build must be used, whatever a wheel asks
 BUILT_HERE = {"deepspeed"}  # source archive only: `pip wheel --no-deps --no-build-isolation` (needs torch here)
 # Distributions the CUDA image ships (its pip list as read on 2026-11-17).
 IMAGE_PACKAGES = frozenset(canonicalize_name(name) for name in """
@@ -113,9 +123,10 @@ def download(include_optional: bool) -> list[Path]:
     WHEELS.mkdir(exist_ok=True)
     queue = list(ROOTS) + (list(OPTIONAL) if include_optional else [])
     done: dict[str, Path] = {}
+    conditional = set()
     while queue:
         name = canonicalize_name(queue.pop(0))
-        if name in done or name in IMAGE_PACKAGES:
+        if name in done or (name in IMAGE_PACKAGES and name not in conditional):
             continue
         version = installed_version(name)
         if version is None:
@@ -127,7 +138,11 @@ def download(include_optional: bool) -> list[Path]:
         current = [w for w in existing if w.exists()]
         done[name] = current[0] if current else fetch(name, version, WHEELS)
         print(f"  {done[name].name} ({done[name].stat().st_size / 2**20:.1f} MiB)", flush=True)
-        queue += [requirement.name for requirement in requirements_of(done[name])]
+        for requirement in requirements_of(done[name]):
+            needed = canonicalize_name(requirement.name)
+            if needed in IMAGE_PACKAGES and str(requirement.specifier) and needed not in NEVER_CARRIED:
+                conditional.add(needed)  # the image has it, perhaps in a version this wheel refuses
+            queue.append(needed)
     for extra in set(WHEELS.glob("*.whl")) - set(done.values()):
         print(f"  removing {extra.name} (no longer needed)", flush=True)
         extra.unlink()
@@ -166,20 +181,55 @@ def _dry_run(folder: Path, names: list[str]) -> list[str]:
     return [] if done.returncode == 0 else [f"pip --dry-run for cp312 manylinux x86_64 failed: {done.stderr.strip()[-800:]}"]
 
 
-def missing() -> list[str]:
-    """Distributions of ``ROOTS`` (and what they need beyond the image) absent from this interpreter."""
-    names = [canonicalize_name(parse_wheel_filename(w.name)[0]) for w in WHEELS.glob("*.whl")] or list(ROOTS)
-    return [name for name in names if installed_version(name) is None]
+def missing(folder: Path = WHEELS) -> list[str]:
+    """Distributions of the wheel folder (``ROOTS`` when it is empty) that this interpreter lacks, or has
+    in a version that a requirement of a wheel in the folder refuses (e.g. an image's old typing-extensions
+    under pydantic's ``>=4.16``)."""
+    wheels = sorted(folder.glob("*.whl"))
+    names = [canonicalize_name(parse_wheel_filename(w.name)[0]) for w in wheels] or [canonicalize_name(r) for r in ROOTS]
+    wanted: dict[str, list[Requirement]] = {}
+    for wheel in wheels:
+        for requirement in requirements_of(wheel):
+            wanted.setdefault(canonicalize_name(requirement.name), []).append(requirement)
+    result = []
+    for name in names:
+        version = installed_version(name)
+        if version is None or any(not r.specifier.contains(version, prereleases=True) for r in wanted.get(name, [])):
+            result.append(name)
+    return result
+
+
+def install(site: Path, folder: Path = WHEELS) -> tuple[list[str], list[str]]:
+    """Install the wheels of :func:`missing` from ``folder`` into ``site`` (offline, no dependency
+    resolution); ``site`` must then lead ``sys.path``. Returns (installed, still missing): a
+    distribution without a wheel in the folder stays missing, and the caller says what that stops."""
+    needed = missing(folder)
+    files = [w for w in sorted(folder.glob("*.whl")) if canonicalize_name(parse_wheel_filename(w.name)[0]) in needed]
+    if files:
+        command = [sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "-q", "--no-index",
+                   "--no-deps", "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, files)]
+        subprocess.run(command, check=True)
+    installed = [canonicalize_name(parse_wheel_filename(w.name)[0]) for w in files]
+    return installed, [name for name in needed if name not in installed]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("command", choices=("download", "verify", "missing"))
+    parser.add_argument("command", choices=("download", "verify", "missing", "install"))
+    parser.add_argument("site", nargs="?", type=Path, help="install: the folder to install into")
     parser.add_argument("--all", action="store_true", help=f"also {', '.join(OPTIONAL)}")
     args = parser.parse_args(argv)
     if args.command == "missing":
         print(" ".join(missing()))
         return 0
+    if args.command == "install":
+        if args.site is None:
+            parser.error("install needs the folder to install into, e.g. /tmp/kerple-gpu-site")
+        installed, absent = install(args.site)
+        print(f"installed into {args.site}: {' '.join(installed) or 'nothing (all present)'}")
+        if absent:
+            print(f"still missing (no wheel in {WHEELS}): {' '.join(absent)}", file=sys.stderr)
+        return 1 if absent else 0
     if args.command == "download":
         print(f"fetching into {WHEELS} for CPython {PYTHON_VERSION} manylinux x86_64:", flush=True)
         download(args.all)

@@ -10,7 +10,7 @@ the cases it had to leave out, and the runner kills a step that overruns its bud
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -56,6 +56,15 @@ class Scale:
     eval_impls: tuple[str, ...]
     eval_max_seconds: float
     budgets: dict[int, float] = field(default_factory=dict)
+    throughput_embeddings: tuple[str, ...] | None = None  # step 4's embeddings (None: ``embeddings``)
+    compile_embeddings: tuple[str, ...] | None = None  # measured with compile on (None: all of step 4's)
+    table_variant: bool = True  # step 4 also measures flex gathering the distance table
+    steps: tuple[int, ...] | None = None  # the steps this scale runs by default (None: all)
+    total_budget: float = 1080.0  # seconds for the whole check
+
+    def step_embeddings(self, step: int) -> tuple[str, ...]:
+        """The embeddings step ``step`` measures."""
+        return self.throughput_embeddings if step == 4 and self.throughput_embeddings else self.embeddings
 
 
 # Budgets (seconds) on one H100; they sum to 1,100 s, the runner's whole-check budget is 1,080 s
@@ -115,9 +124,28 @@ TINY = Scale(
     eval_impls=("sdpa",),
     eval_max_seconds=30.0,
     budgets={1: 30, 2: 30, 3: 60, 4: 120, 5: 120, 6: 30, 7: 60},
+    total_budget=600.0,
 )
 
-SCALES = {"full": FULL, "tiny": TINY}
+# ``--quick``: what one short GPU lease must prove, the most valuable first, in at most 540 s (a lease
+# is 15 minutes of device time, machine start included, and 600 s per command). Step 3 in bf16 at the
+# 162M shape (the fix of issue 29: the positional gradients through compiled FlexAttention), then
+# step 4 for the embeddings of the throughput targets, without compile first, then ``none`` and
+# ``kerple_log`` compiled.
+QUICK_EMBEDDINGS = ("none", "kerple_log", "alibi", "rpe", "kerple_bias_wht")
+QUICK = replace(
+    FULL, name="quick", embeddings=QUICK_EMBEDDINGS, correctness_lengths=(512,), correctness_dtypes=("bf16",),
+    throughput_embeddings=("none", "kerple_log", "alibi", "rpe"), throughput_impls=("sdpa", "flex"),
+    compile_embeddings=("none", "kerple_log"), table_variant=False, throughput_steps=8, throughput_warmup=3,
+    steps=(1, 3, 4), total_budget=540.0, budgets={1: 15, 3: 150, 4: 360},
+)
+# the same choices at the tiny sizes, for the CPU test of ``--quick``
+TINY_QUICK = replace(
+    TINY, name="tiny-quick", embeddings=QUICK_EMBEDDINGS, throughput_embeddings=("none", "kerple_log", "alibi", "rpe"),
+    throughput_impls=("sdpa", "flex"), compile_embeddings=("none", "kerple_log"), table_variant=False,
+    steps=(1, 3, 4), total_budget=300.0,
+)
+SCALES = {"full": FULL, "tiny": TINY, "quick": QUICK, "tiny-quick": TINY_QUICK}
 
 
 @dataclass

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -26,7 +27,8 @@ from benchmarks.gpu_check import report as reports
 from benchmarks.gpu_check.context import KILL_GRACE_S, REPO, SCALES, Skip, StepContext
 from benchmarks.gpu_check.report import StepResult
 
-TOTAL_BUDGET_S = {"full": 1080.0, "tiny": 600.0}  # 18 minutes of steps: with start-up, under 20
+WORK = Path(tempfile.gettempdir()) / "kerple-gpu-check"  # scratch: never inside the report folder
+SITE = Path(tempfile.gettempdir()) / "kerple-gpu-site"  # distributions installed from .whl/
 
 
 def step_module(number: int):  # type: ignore[no-untyped-def]
@@ -54,11 +56,17 @@ def run_step_here(number: int, device: str, scale: str, work: Path, budget: floa
     return result
 
 
-def _save_to(path: Path):  # type: ignore[no-untyped-def]
+def _save_to(path: Path, output: Path | None = None):  # type: ignore[no-untyped-def]
+    """A ``save`` writing the step's result to ``path`` and, with ``output``, merging it into the report
+    there (report.json and report.md after every case: a run killed from outside keeps what it finished)."""
+    env = reports.environment(os.environ.get("DS_ACCELERATOR", "cpu")) if output is not None else {}
+
     def save(result: StepResult) -> None:
         from kerple.atomic import write_json_atomic
 
         write_json_atomic(path, result.to_dict())
+        if output is not None:
+            reports.write(output, reports.merge(reports.load(output / "report.json"), result, env))
 
     return save
 
@@ -68,7 +76,8 @@ def run_step_isolated(number: int, args: argparse.Namespace, budget: float) -> S
     result_file = args.work / f"step{number}.json"
     result_file.unlink(missing_ok=True)
     command = [sys.executable, str(REPO / "tools" / "gpu_check.py"), "--worker-step", str(number),
-               "--device", args.device, "--scale", args.scale, "--work", str(args.work), "--budget", str(budget)]
+               "--device", args.device, "--scale", args.scale, "--work", str(args.work), "--budget", str(budget),
+               "--output", str(args.output)]
     started = time.monotonic()
     child = subprocess.Popen(command, cwd=REPO, start_new_session=True)
     killed = False
@@ -91,10 +100,11 @@ def run_step_isolated(number: int, args: argparse.Namespace, budget: float) -> S
     return result
 
 
-def parse_steps(text: str) -> list[int]:
-    """``"3,4"`` -> [3, 4]; empty or ``all`` -> every step. Raises ``ValueError`` naming a bad entry."""
+def parse_steps(text: str, default: tuple[int, ...] | None = None) -> list[int]:
+    """``"3,4"`` -> [3, 4]; empty or ``all`` -> ``default`` (every step when ``None``). Raises
+    ``ValueError`` naming a bad entry."""
     if text.strip().lower() in ("", "all"):
-        return sorted(STEP_MODULES)
+        return sorted(default or STEP_MODULES)
     steps = []
     for part in text.split(","):
         if not part.strip().isdigit() or int(part) not in STEP_MODULES:
@@ -105,14 +115,18 @@ def parse_steps(text: str) -> list[int]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="gpu_check.py", description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--steps", default="all", help="comma-separated step numbers (default: all)")
+    parser.add_argument("--quick", action="store_true",
+                        help="one short lease: steps 1, 3, 4 at the 162M shape in bf16 for the key embeddings, "
+                             "the most valuable first, 540 s in all")
+    parser.add_argument("--steps", default="all", help="comma-separated step numbers (default: all, or 1,3,4 with --quick)")
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
-    parser.add_argument("--scale", default="auto", choices=("auto", "full", "tiny"),
-                        help="full on CUDA, tiny (the harness's own test) on CPU")
-    parser.add_argument("--output", type=Path, default=REPO / "gpu-report", help="report folder")
-    parser.add_argument("--work", type=Path, help="scratch folder (default: <output>/work)")
+    parser.add_argument("--scale", default="auto", choices=("auto", *SCALES),
+                        help="full (or quick) on CUDA, tiny (or tiny-quick: the harness's own test) on CPU")
+    parser.add_argument("--output", type=Path, default=REPO / "gpu-report", help="report folder (report.json, report.md)")
+    parser.add_argument("--work", type=Path, help=f"scratch folder (default: {WORK})")
     parser.add_argument("--budget", type=float, help="seconds per selected step (default: each step's own)")
-    parser.add_argument("--total-budget", type=float, help="seconds for the whole check (default: 18 min at full scale)")
+    parser.add_argument("--total-budget", type=float,
+                        help="seconds for the whole check (default: 18 min at full scale, 9 min with --quick)")
     parser.add_argument("--in-process", action="store_true", help="run the steps in this process")
     parser.add_argument("--worker-step", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -121,9 +135,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.scale == "auto":
-        args.scale = "full" if args.device == "cuda" else "tiny"
-    args.work = args.work or args.output / "work"
+        args.scale = ("quick" if args.quick else "full") if args.device == "cuda" else ("tiny-quick" if args.quick else "tiny")
+    args.work = args.work or WORK
     return args
+
+
+def install_wheels(site: Path = SITE) -> list[str]:
+    """Install what this interpreter lacks (or has too old) from ``.whl/`` into ``site``, offline, and
+    put ``site`` first on ``sys.path`` and on the steps' ``PYTHONPATH``. Returns notes for the report.
+    Nothing here stops the check: a step that needs a distribution still missing reports that itself."""
+    sys.path.insert(0, str(REPO / "tools"))
+    import gpu_wheels
+
+    try:
+        installed, absent = gpu_wheels.install(site)
+    except (OSError, subprocess.CalledProcessError) as error:
+        return [f"installing .whl/ into {site} failed: {error}"]
+    if installed or site.is_dir():
+        sys.path.insert(0, str(site))
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    notes = [f"installed from .whl/ into {site}: {', '.join(installed)}"] if installed else []
+    if absent:
+        notes.append(f"missing, no wheel in .whl/ ('make gpu-wheels' where PyPI is reachable): {', '.join(absent)}")
+    return notes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,14 +174,16 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     args.work.mkdir(parents=True, exist_ok=True)
     if args.worker_step is not None:
-        save = _save_to(args.work / f"step{args.worker_step}.json")
+        save = _save_to(args.work / f"step{args.worker_step}.json", args.output)
         run_step_here(args.worker_step, args.device, args.scale, args.work, args.budget, save)
         return 0
     try:
-        steps = parse_steps(args.steps)
+        steps = parse_steps(args.steps, SCALES[args.scale].steps)
     except ValueError as error:
         print(f"gpu_check.py: error: {error}", file=sys.stderr)
         return 2
+    for note in install_wheels():
+        print(f"gpu check: {note}", flush=True)
     return run_all(args, steps)
 
 
@@ -155,7 +191,7 @@ def run_all(args: argparse.Namespace, steps: list[int]) -> int:
     """Every step of ``steps`` in order; the report is rewritten after each. Exit 1 if any failed."""
     env = reports.environment(args.device)
     report = reports.load(args.output / "report.json")
-    deadline = time.monotonic() + (args.total_budget or TOTAL_BUDGET_S[args.scale])
+    deadline = time.monotonic() + (args.total_budget or SCALES[args.scale].total_budget)
     print(f"gpu check: steps {steps} on {env['device']} ({args.scale} scale); report in {args.output}", flush=True)
     for number in steps:
         budget = min(args.budget or SCALES[args.scale].budgets[number], deadline - time.monotonic())
@@ -163,7 +199,8 @@ def run_all(args: argparse.Namespace, steps: list[int]) -> int:
             result = StepResult(number, step_module(number).NAME, status="skipped",
                                 reason="the whole check's time budget was used up by earlier steps")
         elif args.in_process:
-            result = run_step_here(number, args.device, args.scale, args.work, budget)
+            save = _save_to(args.work / f"step{number}.json", args.output)
+            result = run_step_here(number, args.device, args.scale, args.work, budget, save)
         else:
             result = run_step_isolated(number, args, budget)
         report = reports.merge(report, result, env)

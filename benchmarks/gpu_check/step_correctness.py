@@ -23,6 +23,7 @@ and the unfused (uncompiled) FlexAttention is used to avoid minutes of compilati
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from typing import Any
 
@@ -71,11 +72,19 @@ def _run(model: Any, impl: str, tokens: torch.Tensor, grads: bool) -> dict[str, 
 
 
 def _errors(result: dict[str, Any], reference: dict[str, Any]) -> list[float | None]:
-    """Errors of logits, input-embedding gradient and the worst positional gradient."""
+    """Errors of logits, input-embedding gradient and the worst positional gradient. A positional
+    parameter with a reference gradient and none here counts as an infinite error (issue 29:
+    compiled FlexAttention once left KERPLE's parameters without gradients, silently)."""
     errors = [_relative(result["logits"], reference["logits"]), _relative(result["input"], reference["input"])]
-    positional = [_relative(result["positional"].get(key), value) for key, value in reference["positional"].items()]
+    positional = [math.inf if key not in result["positional"] else _relative(result["positional"][key], value)
+                  for key, value in reference["positional"].items()]
     errors.append(max((e for e in positional if e is not None), default=None))
     return errors
+
+
+def missing_gradients(result: dict[str, Any], reference: dict[str, Any]) -> list[str]:
+    """Positional parameters with a gradient in ``reference`` and none in ``result``."""
+    return [key for key in reference["positional"] if key not in result["positional"]]
 
 
 def _cell(error: float | None, eager: float | None = None) -> str:
@@ -130,17 +139,19 @@ def _compare(ctx: StepContext, models: Models, name: str, length: int, precision
     eager = _run(model, "eager", tokens, grads)
     flex = _run(model, "flex", tokens, grads)
     options = model._flex.last_options or "PyTorch's (CPU)"
+    missing = missing_gradients(flex, eager)
+    lost = f"no flex gradient for {', '.join(missing)} (eager has one)" if missing else ""
     if reference_model is None:
         errors = _errors(flex, eager)
         worst = max((e for e in errors if e is not None), default=0.0)
-        verdict = "ok" if worst <= FP32_TOLERANCE else f"over tolerance {FP32_TOLERANCE:g}"
+        verdict = lost or ("ok" if worst <= FP32_TOLERANCE else f"over tolerance {FP32_TOLERANCE:g}")
         return [name, str(length), precision, *map(_cell, errors), options, verdict]
     reference_model.train(grads)
     reference = _run(reference_model, "eager", tokens, grads)
     flex_errors, eager_errors = _errors(flex, reference), _errors(eager, reference)
     epsilon = torch.finfo(torch.bfloat16).eps
     worse = [f for f, e in zip(flex_errors, eager_errors) if f is not None and f > 2 * (e or 0.0) + epsilon]
-    verdict = "ok" if not worse else "flex error over 2 x eager's + eps"
+    verdict = lost or ("ok" if not worse else "flex error over 2 x eager's + eps")
     return [name, str(length), precision, *map(_cell, flex_errors, eager_errors), options, verdict]
 
 

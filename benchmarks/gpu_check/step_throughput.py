@@ -17,6 +17,10 @@ FLOPs per token = 6·N + 12·L·h·s (PaLM, Appendix B): N = parameters in matmu
 table excluded, the LM head included), L layers, h hidden size, s sequence length; the attention
 term counts the full s x s products although causal kernels skip about half.
 
+Validity: after a kernel's warm-up and timed steps the positional embedding's trainable parameters
+must have changed; a kernel that trains without moving them (issue 29: compiled FlexAttention once
+gave KERPLE's parameters no gradient) is marked invalid, left out of the summary, and fails the step.
+
 Targets (CUDA; each best setting against ``none``'s best): ``kerple_log`` at least
 ``TARGET_TOKENS_PER_S`` tokens/s on an H100 and ``TARGET_MFU`` MFU, within ``KERPLE_LOG_RATIO`` of
 ``none``; every embedding with a logit term within ``BIAS_RATIO`` of ``none``. A missed target
@@ -64,7 +68,7 @@ def _setting(ctx: StepContext, name: str, compile_: bool, build: Any, peak: floa
         trainer = build(name, compile_)
         choice = trainer.model.resolve_attention_impl(ctx.device.type, True, ctx.scale.throughput_seq)
         impls = [choice] + [i for i in ctx.scale.throughput_impls if i != choice]
-        if trainer.model.positional.logit_term() is not None and "flex" in impls:
+        if ctx.scale.table_variant and trainer.model.positional.logit_term() is not None and "flex" in impls:
             impls.append(TABLE_VARIANT)
         for impl in impls:
             label = f"{impl} (auto)" if impl == choice else impl
@@ -96,7 +100,9 @@ def _measure_kernel(ctx: StepContext, trainer: Any, impl: str, peak: float, resu
     try:
         model.set_attention(kernel)
         model._flex.closed_form = impl != TABLE_VARIANT
+        before = positional_values(model)
         seconds, mfu, memory = _cell(ctx, trainer, peak, tokens)
+        frozen = unchanged(before, positional_values(model))
     except Exception as error:  # OOM or a kernel error: recorded, the next kernel gets a fresh trainer
         note = "OOM" if isinstance(error, torch.OutOfMemoryError) else f"error: {type(error).__name__}: {str(error)[:120]}"
         trainer.close()
@@ -104,9 +110,23 @@ def _measure_kernel(ctx: StepContext, trainer: Any, impl: str, peak: float, resu
         return ["", "", "", "", note], build(name, compile_)
     finally:
         model._flex.closed_form = True
-    results[(name, compile_, impl)] = (tokens / seconds, chosen, mfu)
     note = (model._flex.last_options or "") if kernel == "flex" else ""  # None when compiled into the layers
+    if frozen:  # a kernel that trains without moving the positional parameters is not a valid measurement
+        note = f"invalid: {', '.join(frozen)} unchanged after {ctx.scale.throughput_warmup + ctx.scale.throughput_steps} steps"
+    else:
+        results[(name, compile_, impl)] = (tokens / seconds, chosen, mfu)
     return [f"{seconds * 1e3:.1f}", f"{tokens / seconds:,.0f}", f"{mfu:.1%}", f"{memory / 2**30:.2f}", note], trainer
+
+
+def positional_values(model: Any) -> dict[str, torch.Tensor]:
+    """Copies of the positional embedding's trainable parameters."""
+    return {name: p.detach().float().clone() for name, p in model.positional.named_parameters() if p.requires_grad}
+
+
+def unchanged(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the parameters that training left exactly as they were (issue 29: compiled FlexAttention
+    once gave KERPLE's parameters no gradient, so they never moved)."""
+    return [f"positional.{name}" for name, value in before.items() if torch.equal(value, after[name])]
 
 
 def _summary(ctx: StepContext, results: dict) -> dict[str, tuple[str, float, float]]:
@@ -122,7 +142,7 @@ def _summary(ctx: StepContext, results: dict) -> dict[str, tuple[str, float, flo
             best[name] = (setting, speed, mfu)
         if chosen and speed > auto.get(name, ("", 0.0))[1]:
             auto[name] = (setting, speed)
-    for name in ctx.scale.embeddings:
+    for name in ctx.scale.step_embeddings(4):
         if name not in best:
             table.rows.append([name, "not measured", "", "", "", "", "", ""])
             continue
@@ -183,13 +203,15 @@ def run(ctx: StepContext) -> None:
     results: dict = {}
     try:
         for compile_ in scale.throughput_compile:
-            for name in scale.embeddings:
+            for name in scale.step_embeddings(4):
+                if compile_ and scale.compile_embeddings is not None and name not in scale.compile_embeddings:
+                    continue
                 table.rows += _setting(ctx, name, compile_, build, peak, results)
                 ctx.progress(f"{name} compile={compile_} done")
     finally:
         teardown(parallel)
     best = _summary(ctx, results)
-    logit_terms = {name for name in scale.embeddings if positional.family(name).kind.value in ("bias", "weight")}
+    logit_terms = {name for name in scale.step_embeddings(4) if positional.family(name).kind.value in ("bias", "weight")}
     checks = target_checks(best, logit_terms, torch.cuda.get_device_name(ctx.device)) if ctx.cuda else {}
     ctx.result.notes += [f"{'met' if ok else 'MISSED'}: {text}" for text, ok in checks.items()]
     ctx.result.notes += [
@@ -200,9 +222,11 @@ def run(ctx: StepContext) -> None:
         f"{scale.throughput_micro_batch} x {scale.throughput_seq} tokens per step",
     ]
     left_out = sum(1 for row in table.rows if row[-1].startswith(("left out", "OOM")))
+    invalid = [f"{row[0]} {row[2]} (compile {row[1]})" for row in table.rows if row[-1].startswith("invalid")]
     missed = [text for text, ok in checks.items() if not ok]
-    ctx.result.status = "passed" if results and not missed else "failed"
+    ctx.result.status = "passed" if results and not missed and not invalid else "failed"
     ctx.result.reason = "; ".join(
         [f"{len(results)} cells measured" + (f", {left_out} left out or OOM" if left_out else "")]
+        + [f"invalid (positional parameters did not train): {', '.join(invalid)}"] * bool(invalid)
         + [f"missed: {text}" for text in missed])
 

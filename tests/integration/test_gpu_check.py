@@ -72,3 +72,29 @@ def test_isolated_steps_report_or_are_killed(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(runner, "KILL_GRACE_S", 0.5)
     killed = runner.run_step_isolated(5, args, budget=0.5)
     assert killed.status == "failed" and killed.reason.startswith("killed after")
+
+
+def test_quick_run_writes_its_report_after_every_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--quick``: steps 1, 3, 4 with the lease's embeddings, the report rewritten after each case (a
+    run killed from outside returns what it finished), scratch outside the report folder."""
+    out, written = tmp_path / "report", []
+    original = runner.reports.write
+
+    def recording_write(directory: Path, report: dict) -> None:
+        written.append(json.loads(json.dumps(report)))
+        original(directory, report)
+
+    monkeypatch.setattr(runner.reports, "write", recording_write)
+    assert runner.main(["--quick", "--device", "cpu", "--output", str(out), "--in-process",
+                        "--work", str(tmp_path / "work")]) == 0
+    steps = _report(out)["steps"]
+    assert list(steps) == ["1", "3", "4"] and all(step["status"] == "passed" for step in steps.values())
+    assert [row[0] for row in steps["3"]["tables"][0]["rows"]] == ["none", "kerple_log", "alibi", "rpe", "kerple_bias_wht"]
+    compiled = {row[0] for row in steps["4"]["tables"][0]["rows"] if row[1] == "on"}
+    assert compiled == {"none", "kerple_log"}
+    measured = {row[0] for row in steps["4"]["tables"][0]["rows"] if row[1] == "off"}
+    assert measured == {"none", "kerple_log", "alibi", "rpe"}
+    first_case = next(report for report in written if "3" in report["steps"])
+    assert len(first_case["steps"]["3"]["tables"][0]["rows"]) == 1  # written after the first case already
+    assert sum("3" in report["steps"] and "4" not in report["steps"] for report in written) >= 5
+    assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md"]

@@ -1,17 +1,21 @@
 """The GPU check's steps on a CPU: step 2 reads real ``pytest -q`` output (the closing line, each
 failure's full assertion text, and for a run stopped by its budget how many collected tests
-finished); step 4 judges the throughput targets."""
+finished); step 3 fails a case whose flex run lost a positional gradient; step 4 judges the
+throughput targets and refuses rows whose positional parameters did not train."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from benchmarks.gpu_check import step_gpu_tests
+from benchmarks.gpu_check import step_correctness, step_gpu_tests, step_throughput
 from benchmarks.gpu_check.step_throughput import target_checks
 
 LONG = "x" * 150  # longer than any terminal line: the short summary alone would cut it
@@ -82,3 +86,55 @@ def test_throughput_targets() -> None:
     elsewhere = target_checks(best, {"kerple_log"}, "NVIDIA A100-SXM4-80GB")
     assert not any("tokens/s" in text for text in elsewhere)  # the tokens/s figure is an H100's
     assert target_checks({"kerple_log": ("flex", 1.0, 0.1)}, {"kerple_log"}, "GPU") == {"kerple_log MFU >= 50% (10.0%)": False}
+
+
+def _fake_run(positional: dict[str, torch.Tensor]) -> dict[str, object]:
+    return {"logits": torch.ones(2, 3), "input": torch.ones(2, 3), "positional": positional}
+
+
+def test_correctness_fails_a_case_where_flex_loses_a_positional_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29: eager has a gradient for bias_p and flex none. The case must fail, not pass as 'n/a'."""
+    grads = {"bias_p": torch.ones(4), "bias_a": torch.ones(4)}
+    runs = {"eager": _fake_run(grads), "flex": _fake_run({})}
+    assert step_correctness.missing_gradients(runs["flex"], runs["eager"]) == ["bias_p", "bias_a"]
+    assert step_correctness._errors(runs["flex"], runs["eager"])[2] == math.inf
+
+    class Model:
+        vocab_size = 8
+        _flex = type("Flex", (), {"last_options": "BLOCK_M=128"})()
+
+        def train(self, mode: bool) -> None:
+            pass
+
+    monkeypatch.setattr(step_correctness, "_run", lambda model, impl, tokens, grads: runs[impl])
+    models = type("Models", (), {"get": lambda self, precision, name: (Model(), None)})()
+    ctx = type("Ctx", (), {"cuda": True, "device": torch.device("cpu")})()
+    row = step_correctness._compare(ctx, models, "kerple_log", 16, "fp32")
+    assert row[-1] == "no flex gradient for bias_p, bias_a (eager has one)"
+    runs["flex"] = _fake_run(grads)
+    assert step_correctness._compare(ctx, models, "kerple_log", 16, "fp32")[-1] == "ok"
+
+
+def test_unchanged_names_the_parameters_training_left_alone() -> None:
+    before = {"bias_p": torch.tensor([1.0, 2.0]), "bias_a": torch.tensor([3.0])}
+    after = {"bias_p": torch.tensor([1.0, 2.0]), "bias_a": torch.tensor([3.0001])}
+    assert step_throughput.unchanged(before, after) == ["positional.bias_p"]
+
+
+def test_throughput_rows_of_frozen_positional_parameters_are_invalid(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timed steps that leave a learnable embedding's parameters unchanged make the row invalid and
+    the step fail; embeddings without learnable parameters are measured as usual."""
+    from benchmarks.gpu_check.context import SCALES, StepContext
+    from benchmarks.gpu_check.report import StepResult
+
+    monkeypatch.setattr(step_throughput, "_cell", lambda ctx, trainer, peak, tokens: (0.5, 0.1, 1024))
+    result = StepResult(4, step_throughput.NAME)
+    ctx = StepContext(torch.device("cpu"), SCALES["tiny-quick"], tmp_path, result, time.monotonic() + 300)
+    step_throughput.run(ctx)
+    rows = {(row[0], row[2]): row[-1] for row in result.tables[0].rows if row[1] == "off"}
+    assert rows[("kerple_log", "sdpa (auto)")].startswith("invalid: positional.bias_p, positional.bias_a unchanged")
+    assert rows[("rpe", "sdpa (auto)")].startswith("invalid: positional.")
+    assert rows[("none", "sdpa (auto)")] == "" and rows[("alibi", "sdpa (auto)")] == ""
+    assert result.status == "failed" and "invalid (positional parameters did not train)" in result.reason
+    assert "kerple_log sdpa (auto) (compile off)" in result.reason
