@@ -174,6 +174,38 @@ def maybe_compile(model: Decoder, cfg: Any) -> Decoder:
     return model
 
 
+def compile_flex_kernels(model: Decoder, tokens: torch.Tensor, attempts: int = 64) -> int:
+    """Under ``training.compile``, compile the model's graphs (FlexAttention's kernels inside them) with
+    one forward and backward on ``tokens [b, s]``, stepping the kernel options down on Triton's
+    out-of-resource failures (:meth:`~kerple.model.flex_base.FlexKernel.recover`); returns the
+    number of retries. Nothing of the run changes: the gradient is taken with respect to the
+    embedding output only (no ``.grad`` is written) and the RNG state is restored. A model without
+    a FlexAttention kernel returns 0 at once. The trainer calls it on CUDA only (elsewhere no
+    options are chosen and nothing can be retried).
+    """
+    kernel = getattr(model, "_flex", None)
+    if kernel is None:
+        return 0
+    embedded: list[torch.Tensor] = []
+    handle = model.embedding.register_forward_hook(lambda _module, _inputs, output: embedded.append(output))
+    try:
+        for retry in range(attempts):
+            embedded.clear()
+            phase = "forward"
+            try:
+                with torch.random.fork_rng(devices=[tokens.device] if tokens.is_cuda else []), torch.enable_grad():
+                    logits = model(tokens)
+                    phase = "backward"
+                    torch.autograd.grad(logits.float().square().mean(), embedded[0])
+                return retry
+            except Exception as error:  # only Triton's out-of-resource failure is retried
+                if not kernel.recover(error, phase):
+                    raise
+    finally:
+        handle.remove()
+    raise RuntimeError(f"FlexAttention kernels failed to compile after {attempts} retries")
+
+
 def model_arguments(model_cfg: Any) -> dict[str, Any]:
     """The constructor arguments every decoder of this project takes from the ``model`` section
     (sizes, norm, activation, residual form, weight tying, dropout, initialisation)."""

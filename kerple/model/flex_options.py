@@ -18,6 +18,7 @@ score modification, and describes the smaller rungs that :class:`OptionsLadder` 
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, replace
 
 import torch
@@ -26,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 SMALLEST_TILE = 16  # tiles are powers of two from 16 to 128, so each divides the BlockMask block (128)
 _OUT_OF_RESOURCE = ("No valid triton configs", "out of resource")
+_REQUIRED = re.compile(r"Required:\s*(\d+)")
 
 
 @dataclass(frozen=True)
@@ -220,6 +222,19 @@ def kernel_options(forward: ForwardConfig, backward: BackwardConfig) -> dict[str
     return {**forward.options(), **backward.options(), "FORCE_USE_FLEX_ATTENTION": True}
 
 
+def required_shared_memory(error: BaseException) -> int | None:
+    """The bytes of shared memory a failed kernel asked for (Triton's "Required: N"), read through the
+    exception chain; ``None`` when no message names it."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        match = _REQUIRED.search(str(error))
+        if match:
+            return int(match.group(1))
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def is_out_of_resource(error: BaseException) -> bool:
     """Whether ``error`` (or an exception it was raised from) is Triton's out-of-resource failure:
     ``BackendCompilerFailed``/``InductorError`` or ``RuntimeError`` naming "No valid triton configs"
@@ -246,6 +261,7 @@ class OptionsLadder:
 
     def __init__(self) -> None:
         self._rungs: dict[LadderKey, tuple[ForwardConfig, BackwardConfig]] = {}
+        self._sizes: dict[LadderKey, tuple[int, int]] = {}  # (itemsize, gathered bytes) of each key
         self._steps: dict[LadderKey, int] = {}
         self._logged: set[LadderKey] = set()
 
@@ -253,7 +269,26 @@ class OptionsLadder:
         """The ``kernel_options`` of ``key`` (chosen from ``limits`` on first use)."""
         if key not in self._rungs:
             self._rungs[key] = choose_configs(limits, key[2], dtype, gathered_bytes)
+            self._sizes[key] = (torch.empty((), dtype=dtype).element_size(), gathered_bytes)
         return kernel_options(*self._rungs[key])
+
+    def failed_phase(self, key: LadderKey, error: BaseException, raised_in: str) -> str:
+        """The phase ("forward" or "backward") whose kernel ``error`` reports out of shared memory.
+
+        Where the error was raised does not settle it: Inductor may compile both kernels of a call
+        (and, under ``training.compile``, of a whole layer) at once. So the "Required: N" the error
+        names is compared with this key's estimate of each phase (:func:`forward_shared_memory`,
+        :func:`backward_shared_memory`) and the nearer one is blamed; ``raised_in`` decides when the
+        error names no size.
+        """
+        required = required_shared_memory(error)
+        if required is None or key not in self._rungs:
+            return raised_in
+        forward, backward = self._rungs[key]
+        itemsize, gathered = self._sizes[key]
+        estimates = {"forward": forward_shared_memory(forward, key[2], itemsize, gathered),
+                     "backward": backward_shared_memory(backward, key[2], itemsize, gathered)}
+        return min(estimates, key=lambda phase: (abs(estimates[phase] - required), phase != raised_in))
 
     def step_down(self, key: LadderKey, phase: str) -> bool:
         """Move ``phase`` ("forward" or "backward") of ``key`` one rung down; ``False`` at the bottom."""

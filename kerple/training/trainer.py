@@ -33,6 +33,7 @@ import torch
 from kerple.checkpoint import RunState, architecture_args, capture_rng, save_checkpoint, tag_for
 from kerple.checkpoint.run_state import deepspeed_version
 from kerple.model import maybe_compile
+from kerple.model.decoder import compile_flex_kernels
 from kerple.parallel.groups import ParallelState, init_distributed, teardown
 from kerple.training.batches import build_feeds
 from kerple.training.engine import build_rank_model, build_stages, gathered, initialize_engine
@@ -98,6 +99,9 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg.optimizer, fused=self.parallel.device.type == "cuda")
         self.scheduler = self._build_scheduler()
         self.engine = initialize_engine(self.model, self.optimizer, self.scheduler, cfg, parallel)
+        if cfg.training.compile and not self.pipelined and parallel.device.type == "cuda":  # retry out-of-resource now
+            tokens = torch.zeros(self.micro, int(cfg.model.seq_length), dtype=torch.long, device=parallel.device)
+            compile_flex_kernels(self.model, tokens)
         if resumed is not None:
             self.iteration, self.consumed_train_samples, self.skipped_steps = restore_run_state(
                 resumed, engine=self.engine, scheduler=self.scheduler, cfg=cfg, parallel=parallel,

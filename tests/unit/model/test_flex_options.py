@@ -100,9 +100,9 @@ def test_kernel_options_use_the_prefixed_names() -> None:
     }
 
 
-def _out_of_resource(name: str = "triton_tem_fused_flex_attention_0") -> Exception:
+def _out_of_resource(name: str = "triton_tem_fused_flex_attention_0", required: int = 245760) -> Exception:
     inner = RuntimeError(f"No valid triton configs. OutOfMemoryError: out of resource: {name} "
-                         "Required: 245760 Hardware limit: 232448")
+                         f"Required: {required} Hardware limit: 232448")
     return BackendCompilerFailed(lambda *args: None, InductorError(inner, None), None)
 
 
@@ -121,15 +121,15 @@ class _FailingBackward(torch.autograd.Function):
     the backward options are too large."""
 
     @staticmethod
-    def forward(ctx, query, key, value, output, fails):  # type: ignore[no-untyped-def,override]
-        ctx.fails = fails
+    def forward(ctx, query, key, value, output, required):  # type: ignore[no-untyped-def,override]
+        ctx.required = required  # None: the backward compiles
         ctx.save_for_backward(query, key, value)
         return output.clone()
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
-        if ctx.fails:
-            raise _out_of_resource("triton_tem_fused_flex_attention_backward_1")
+        if ctx.required is not None:
+            raise _out_of_resource("triton_tem_fused_flex_attention_backward_1", ctx.required)
         return tuple(torch.zeros_like(saved) for saved in ctx.saved_tensors) + (None, None)
 
 
@@ -143,13 +143,19 @@ class FakeCompiled:
         self.calls: list[dict] = []
 
     def __call__(self, query, key, value, score_mod=None, block_mask=None, kernel_options=None):  # type: ignore[no-untyped-def]
-        self.calls.append(dict(kernel_options))
-        if kernel_options["fwd_BLOCK_N"] > self.max_forward_n:
-            raise _out_of_resource()
+        options = self.calls.append(dict(kernel_options)) or kernel_options
+        size, itemsize = query.shape[-1], query.element_size()  # the bytes Triton would report, roughly
+        if options["fwd_BLOCK_N"] > self.max_forward_n:
+            forward = ForwardConfig(options["fwd_BLOCK_M"], options["fwd_BLOCK_N"], options["fwd_num_stages"], 4)
+            raise _out_of_resource(required=forward_shared_memory(forward, size, itemsize, itemsize))
         with torch.no_grad():
             output = flex_attention(query.detach(), key.detach(), value.detach(), score_mod=score_mod,
                                     block_mask=block_mask)
-        return _FailingBackward.apply(query, key, value, output, kernel_options["bwd_BLOCK_N1"] > self.max_backward_n1)
+        backward = BackwardConfig(options["bwd_BLOCK_M1"], options["bwd_BLOCK_N1"], options["bwd_BLOCK_M2"],
+                                  options["bwd_BLOCK_N2"], options["bwd_num_stages"], 4)
+        fails = options["bwd_BLOCK_N1"] > self.max_backward_n1
+        required = backward_shared_memory(backward, size, itemsize, itemsize) if fails else None
+        return _FailingBackward.apply(query, key, value, output, required)
 
 
 @pytest.fixture()
@@ -278,3 +284,85 @@ def test_options_inside_an_enclosing_compile(monkeypatch: pytest.MonkeyPatch) ->
         output = traced(query, key, value)
     torch.testing.assert_close(output, FlexAttentionKernel(compile=False)(query, key, value, term, None))
     assert list(kernel.options_used()) == ["NVIDIA H100 80GB HBM3 / float32 / 16 / distance_table"]
+
+
+def _required(bytes_: int, name: str = "triton_tem_fused_flex_attention_0") -> Exception:
+    inner = RuntimeError(f"No valid triton configs. OutOfMemoryError: out of resource: {name} "
+                         f"Required: {bytes_} Hardware limit: 232448")
+    return BackendCompilerFailed(lambda *args: None, InductorError(inner, None), None)
+
+
+def test_failed_phase_follows_the_required_bytes_not_where_it_was_raised() -> None:
+    """Inductor may compile both kernels in one call: the "Required: N" decides the phase."""
+    from kerple.model.flex_options import OptionsLadder
+
+    ladder, key = OptionsLadder(), ("NVIDIA H100 80GB HBM3", "bfloat16", 64, "distance_table")
+    ladder.options(key, H100, torch.bfloat16, 2)
+    forward, backward = ladder._rungs[key]
+    needs_forward = forward_shared_memory(forward, 64, 2, 2)
+    needs_backward = backward_shared_memory(backward, 64, 2, 2)
+    assert needs_forward != needs_backward
+    assert ladder.failed_phase(key, _required(needs_backward + 512), "forward") == "backward"
+    assert ladder.failed_phase(key, _required(needs_forward - 512), "backward") == "forward"
+    assert ladder.failed_phase(key, RuntimeError("No valid triton configs"), "backward") == "backward"  # no size
+
+
+class _BackwardOutOfResource(torch.autograd.Function):
+    """Identity whose backward raises Triton's out-of-resource failure (the compiled backward failing)."""
+
+    @staticmethod
+    def forward(ctx, output, required):  # type: ignore[no-untyped-def,override]
+        ctx.required = required
+        return output.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
+        raise _required(ctx.required, "triton_tem_fused_flex_attention_backward_1")
+
+
+def test_training_compile_steps_the_named_phase_down_and_compiles_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compile_flex_kernels`` under ``training.compile``: the options traced into the layers' graphs
+    fail (forward too large, then the backward, reported first from the forward call, then from the
+    backward); each failure steps only the phase its "Required: N" names, drops the graphs and retries,
+    and no parameter gradient is written."""
+    from kerple import positional
+    from kerple.model import GPTModel
+    from kerple.model.decoder import compile_flex_kernels
+
+    monkeypatch.setattr(flex_base, "device_limits", lambda device: H100)
+    monkeypatch.setattr(flex_base.torch.compiler, "is_compiling", lambda: True)
+    resets: list[int] = []
+    monkeypatch.setattr(flex_base.torch._dynamo, "reset", lambda: resets.append(1))
+    calls: list[dict] = []
+
+    def traced_flex(query, key, value, score_mod=None, block_mask=None, kernel_options=None):  # type: ignore[no-untyped-def]
+        options = dict(kernel_options)
+        calls.append(options)
+        forward = ForwardConfig(options["fwd_BLOCK_M"], options["fwd_BLOCK_N"], options["fwd_num_stages"], 4)
+        backward = BackwardConfig(options["bwd_BLOCK_M1"], options["bwd_BLOCK_N1"], options["bwd_BLOCK_M2"],
+                                  options["bwd_BLOCK_N2"], options["bwd_num_stages"], 4)
+        if forward.block_n > 64:
+            raise _required(forward_shared_memory(forward, 64, 2, 0))
+        if backward.num_stages > 2:  # Inductor compiled the backward with the forward: raised here
+            raise _required(backward_shared_memory(backward, 64, 2, 0))
+        output = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True)
+        if backward.block_n1 > 64:  # compiled lazily: raised by the backward
+            return _BackwardOutOfResource.apply(output, backward_shared_memory(backward, 64, 2, 0))
+        return output
+
+    monkeypatch.setattr(flex_base, "flex_attention", traced_flex)
+    import kerple.model.gpt as gpt_module
+    from compiled_flex import _training_allowed  # lifts the CPU refusal of flex training (no kernel runs here)
+
+    monkeypatch.setattr(gpt_module, "unsupported_reason", _training_allowed(gpt_module.unsupported_reason))
+    torch.manual_seed(0)
+    embedding = positional.build("kerple_log", num_heads=2, head_dim=64, hidden_size=128, max_positions=32)
+    model = GPTModel(num_layers=2, hidden_size=128, num_attention_heads=2, padded_vocab_size=32, positional=embedding,
+                     attention_impl="flex").to(torch.bfloat16).train()
+    retries = compile_flex_kernels(model, torch.zeros(2, 32, dtype=torch.long))
+    final = calls[-1]
+    assert (final["fwd_BLOCK_N"], final["bwd_num_stages"], final["bwd_BLOCK_N1"]) == (64, 2, 64)
+    assert final["fwd_BLOCK_M"] == 128 and final["fwd_num_stages"] == 2  # forward: one stage less, then BLOCK_N
+    assert retries == len(resets) == 4  # forward twice (stages, BLOCK_N), backward twice (stages, N1)
+    assert all(p.grad is None for p in model.parameters())
+    assert compile_flex_kernels(model, torch.zeros(2, 32, dtype=torch.long)) == 0  # the options are kept
