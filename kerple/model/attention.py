@@ -66,6 +66,15 @@ AUTO = "auto"  # resolved per forward by :func:`choose_implementation`
 # L² work is too small to pay that back, so sdpa (no compilation) is chosen there.
 CPU_FLEX_MIN_LENGTH = 2048
 
+# CUDA training of an additive bias goes through sdpa (the [H, L, L] bias materialised once per
+# forward, its gradient returned to the distance table) below this length, FlexAttention from it on.
+# Measured on an H200 at the 162M shape, seq 512, bf16 (docs/gpu-report.md): sdpa trained faster
+# for every bias: kerple_log 169,552 tokens/s against 58,682 through flex (FlexAttention's backward
+# adds each score's gradient to the captured per-head parameters with atomics), rpe 185,525 against
+# 60,951, alibi (no gradient) 212,509 against 160,136. The dense bias costs H·L² elements and their
+# gradient: 1.6 GB and 3.2 GB at 8192 tokens and 12 heads, where O(L) memory starts to matter.
+CUDA_TRAIN_FLEX_MIN_LENGTH = 8192
+
 RotateFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 LayerTermFn = Callable[[int, torch.Tensor, "KVCache | None"], "LogitTerm | None"]
 
@@ -112,6 +121,8 @@ def choose_implementation(
     device  mode        embedding                           choice
     ======  ==========  ==================================  ==========================================
     cuda    train/eval  position-only, no window            ``sdpa`` (flash/efficient kernel, causal)
+    cuda    train       bias, no window, ``seq_len <        ``sdpa`` (dense bias; faster than flex's
+                        CUDA_TRAIN_FLEX_MIN_LENGTH``        atomic gradient scatter, measured)
     cuda    train/eval  logit term, or any with a window    ``flex`` (tables in ``score_mod``,
                                                             block-sparse causal/window mask)
     cpu     train       bias / position-only                ``sdpa`` (FlexAttention has no CPU
@@ -131,7 +142,8 @@ def choose_implementation(
     has_logit_term = kind in (PositionKind.BIAS, PositionKind.WEIGHT)
     flex_allowed = flex_compiled and not (training and dropout_p > 0.0)
     if device_type == "cuda":
-        wants_flex = has_logit_term or window is not None
+        dense_bias_trains_faster = training and kind == PositionKind.BIAS and seq_len < CUDA_TRAIN_FLEX_MIN_LENGTH
+        wants_flex = (has_logit_term and not dense_bias_trains_faster) or window is not None
     else:
         wants_flex = not training and seq_len >= CPU_FLEX_MIN_LENGTH
     candidates = ("flex", "sdpa", "eager") if wants_flex and flex_allowed else ("sdpa", "eager")

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from kerple import positional
 from kerple.config import ConfigError, load_config
 from kerple.model import build_model, choose_implementation, maybe_compile, unsupported_reason
-from kerple.model.attention import CPU_FLEX_MIN_LENGTH
+from kerple.model.attention import CPU_FLEX_MIN_LENGTH, CUDA_TRAIN_FLEX_MIN_LENGTH
 from model_helpers import VOCAB, tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -27,6 +27,7 @@ TINY = {
     "make_vocab_size_divisible_by": 8,
 }
 LONG = CPU_FLEX_MIN_LENGTH
+CUDA_LONG = CUDA_TRAIN_FLEX_MIN_LENGTH
 
 
 def _choice(name: str, device: str, training: bool, seq_len: int, **kwargs) -> str:
@@ -37,11 +38,15 @@ def _choice(name: str, device: str, training: bool, seq_len: int, **kwargs) -> s
 @pytest.mark.parametrize(
     ("name", "device", "training", "seq_len", "expected"),
     [
-        # CUDA: flex for every logit term, in training and evaluation
-        ("kerple_log", "cuda", True, 512, "flex"),
+        # CUDA: flex for every logit term in evaluation, for weight kernels and long training lengths;
+        # a bias trains through sdpa below CUDA_TRAIN_FLEX_MIN_LENGTH (measured faster on an H200)
+        ("kerple_log", "cuda", True, 512, "sdpa"),
+        ("alibi", "cuda", True, 512, "sdpa"),
+        ("rpe", "cuda", True, CUDA_LONG - 1, "sdpa"),
+        ("kerple_log", "cuda", True, CUDA_LONG, "flex"),
+        ("kerple_log", "cuda", False, 512, "flex"),
         ("kerple_bias_wht", "cuda", True, 512, "flex"),
         ("rpe", "cuda", False, 65536, "flex"),
-        ("alibi", "cuda", True, 512, "flex"),
         # CUDA: sdpa (flash) for embeddings without a logit term
         ("none", "cuda", True, 512, "sdpa"),
         ("rotary", "cuda", False, 65536, "sdpa"),
