@@ -175,35 +175,49 @@ def maybe_compile(model: Decoder, cfg: Any) -> Decoder:
 
 
 def compile_flex_kernels(model: Decoder, tokens: torch.Tensor, attempts: int = 64) -> int:
-    """Under ``training.compile``, compile the model's graphs (FlexAttention's kernels inside them) with
-    one forward and backward on ``tokens [b, s]``, stepping the kernel options down on Triton's
-    out-of-resource failures (:meth:`~kerple.model.flex_base.FlexKernel.recover`); returns the
-    number of retries. Nothing of the run changes: the gradient is taken with respect to the
-    embedding output only (no ``.grad`` is written) and the RNG state is restored. A model without
-    a FlexAttention kernel returns 0 at once. The trainer calls it on CUDA only (elsewhere no
-    options are chosen and nothing can be retried).
+    """Under ``training.compile``, settle FlexAttention's kernel options before training: one forward
+    and backward on ``tokens [b, s]`` with the layers run uncompiled (the kernel's own ladder chooses
+    the options and retries Triton's out-of-resource failures there), then compiled, stepping the
+    options down on a failure of the compiled graphs (:meth:`~kerple.model.flex_base.FlexKernel.recover`).
+    Returns the number of compiled retries. Nothing of the run changes: the gradient is taken with
+    respect to the embedding output only (no ``.grad`` is written) and the RNG state is restored. A
+    model without a FlexAttention kernel returns 0 at once. The trainer calls it on CUDA only.
     """
     kernel = getattr(model, "_flex", None)
     if kernel is None:
         return 0
+    with uncompiled_layers():
+        _forward_backward(model, tokens)
+    for retry in range(attempts):
+        phase: list[str] = []
+        try:
+            _forward_backward(model, tokens, phase)
+            return retry
+        except Exception as error:  # only Triton's out-of-resource failure is retried
+            if not kernel.recover(error, phase[-1] if phase else "forward"):
+                raise
+    raise RuntimeError(f"FlexAttention kernels failed to compile after {attempts} retries")
+
+
+def uncompiled_layers() -> Any:
+    """A context in which compiled modules run their original (eager) code."""
+    return torch.compiler.set_stance("force_eager")
+
+
+def _forward_backward(model: Decoder, tokens: torch.Tensor, phase: list[str] | None = None) -> None:
+    """One forward and a backward to the embedding output (no parameter gradient), RNG restored;
+    ``phase`` records "forward", then "backward", as the run gets there."""
+    phase = [] if phase is None else phase
     embedded: list[torch.Tensor] = []
     handle = model.embedding.register_forward_hook(lambda _module, _inputs, output: embedded.append(output))
     try:
-        for retry in range(attempts):
-            embedded.clear()
-            phase = "forward"
-            try:
-                with torch.random.fork_rng(devices=[tokens.device] if tokens.is_cuda else []), torch.enable_grad():
-                    logits = model(tokens)
-                    phase = "backward"
-                    torch.autograd.grad(logits.float().square().mean(), embedded[0])
-                return retry
-            except Exception as error:  # only Triton's out-of-resource failure is retried
-                if not kernel.recover(error, phase):
-                    raise
+        with torch.random.fork_rng(devices=[tokens.device] if tokens.is_cuda else []), torch.enable_grad():
+            phase.append("forward")
+            logits = model(tokens)
+            phase.append("backward")
+            torch.autograd.grad(logits.float().square().mean(), embedded[0])
     finally:
         handle.remove()
-    raise RuntimeError(f"FlexAttention kernels failed to compile after {attempts} retries")
 
 
 def model_arguments(model_cfg: Any) -> dict[str, Any]:

@@ -15,10 +15,11 @@ options (:mod:`kerple.model.flex_options`). Its :meth:`FlexKernel.attend` runs o
   backward here, where a failure can still be retried (the training backward then reuses it).
 * Inside an enclosing ``torch.compile`` (``training.compile``) the chosen options are traced into
   the enclosing graph; a failure there is raised by that compilation, outside this call.
-  :meth:`FlexKernel.recover` then steps the failed phase down and drops the graphs, and
-  :func:`kerple.model.decoder.compile_flex_kernels` runs one forward and backward of the compiled
-  model before training (gradients to the embedding output only: no parameter gradient is
-  written), retrying until the kernels compile.
+  :func:`kerple.model.decoder.compile_flex_kernels` therefore runs the model once with the layers
+  uncompiled before training (this ladder chooses and tries the options there), then once compiled;
+  a failure of the compiled run goes to :meth:`FlexKernel.recover`, which steps the failed phase
+  down and drops the graphs for another try (gradients to the embedding output only: no parameter
+  gradient is written).
 * The phase a failure is charged to is the one whose shared-memory estimate is nearest to the
   "Required: N" of Triton's message (:meth:`~kerple.model.flex_options.OptionsLadder.failed_phase`),
   since Inductor may compile the forward and backward kernels together.
@@ -64,7 +65,6 @@ class FlexKernel:
         self._block_masks: dict[tuple, BlockMask] = {}
         self._ladder = OptionsLadder()
         self._backward_checked: set[tuple] = set()
-        self._traced_keys: set[LadderKey] = set()  # keys whose options an enclosing torch.compile traced
         self.last_options: str | None = None  # the CUDA options of the last call that succeeded
 
     def arguments(self) -> dict[str, Any]:
@@ -122,7 +122,6 @@ class FlexKernel:
             return self._compiled_attention(query, key, value, score_mod=score_mod, block_mask=block_mask)
         ladder_key: LadderKey = (limits.name, str(query.dtype).removeprefix("torch."), query.shape[-1], kind)
         if torch.compiler.is_compiling():
-            self._traced_keys.add(ladder_key)
             options = self._ladder.options(ladder_key, limits, query.dtype, gathered_bytes)
             return flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask, kernel_options=options)
         with _recompile_guard():
@@ -131,12 +130,15 @@ class FlexKernel:
 
     def recover(self, error: BaseException, raised_in: str) -> bool:
         """After ``error`` from an enclosing ``torch.compile`` (``training.compile``): if it is Triton's
-        out-of-resource failure of this kernel, step the phase it names down (:meth:`OptionsLadder.failed_phase`)
-        for every key the enclosing graphs traced, drop the compiled graphs, and return ``True`` (the
-        caller retries). ``False`` for any other error. At the smallest tiles: ``RuntimeError``."""
-        if not is_out_of_resource(error) or not self._traced_keys:
+        out-of-resource failure, step the phase it names down (:meth:`OptionsLadder.failed_phase`) for
+        every key this kernel has options for, drop the compiled graphs, and return ``True`` (the
+        caller retries). ``False`` for any other error, or before any options were chosen (keys are
+        chosen by an eager run: Dynamo applies a traced call's changes to Python objects only after
+        its graph ran, so a graph that failed to compile leaves none). At the smallest tiles:
+        ``RuntimeError``."""
+        if not is_out_of_resource(error) or not self._ladder.keys():
             return False
-        for ladder_key in sorted(self._traced_keys):
+        for ladder_key in sorted(self._ladder.keys()):
             phase = self._ladder.failed_phase(ladder_key, error, raised_in)
             if not self._ladder.step_down(ladder_key, phase):
                 raise RuntimeError(
@@ -144,7 +146,6 @@ class FlexKernel:
                     f"{ladder_key[2]}, {ladder_key[3]}) even at the smallest tiles under training.compile: {error}. "
                     "Use attention_impl: sdpa or eager for this model."
                 ) from error
-        self._traced_keys.clear()
         torch._dynamo.reset()  # the layers' graphs hold the failed options: trace them again
         return True
 

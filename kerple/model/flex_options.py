@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 SMALLEST_TILE = 16  # tiles are powers of two from 16 to 128, so each divides the BlockMask block (128)
 _OUT_OF_RESOURCE = ("No valid triton configs", "out of resource")
 _REQUIRED = re.compile(r"Required:\s*(\d+)")
+_KERNEL = re.compile(r"out of resource:\s*(\S+)")
 
 
 @dataclass(frozen=True)
@@ -222,16 +223,32 @@ def kernel_options(forward: ForwardConfig, backward: BackwardConfig) -> dict[str
     return {**forward.options(), **backward.options(), "FORCE_USE_FLEX_ATTENTION": True}
 
 
-def required_shared_memory(error: BaseException) -> int | None:
-    """The bytes of shared memory a failed kernel asked for (Triton's "Required: N"), read through the
-    exception chain; ``None`` when no message names it."""
+def _chain(error: BaseException | None):  # type: ignore[no-untyped-def]
+    """``error`` and the exceptions it was raised from, each once."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        match = _REQUIRED.search(str(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def failed_kernel(error: BaseException) -> str | None:
+    """The FlexAttention kernel Triton's out-of-resource message names (``triton_tem_fused_flex_attention_0``,
+    ``..._backward_1``), or ``None``."""
+    for link in _chain(error):
+        match = _KERNEL.search(str(link))
+        if match and "flex_attention" in match.group(1):
+            return match.group(1)
+    return None
+
+
+def required_shared_memory(error: BaseException) -> int | None:
+    """The bytes of shared memory a failed kernel asked for (Triton's "Required: N"), read through the
+    exception chain; ``None`` when no message names it."""
+    for link in _chain(error):
+        match = _REQUIRED.search(str(link))
         if match:
             return int(match.group(1))
-        error = error.__cause__ or error.__context__
     return None
 
 
@@ -239,13 +256,7 @@ def is_out_of_resource(error: BaseException) -> bool:
     """Whether ``error`` (or an exception it was raised from) is Triton's out-of-resource failure:
     ``BackendCompilerFailed``/``InductorError`` or ``RuntimeError`` naming "No valid triton configs"
     or "out of resource". A CUDA out-of-memory error is not one."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if any(text in str(error) for text in _OUT_OF_RESOURCE):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    return any(text in str(link) for link in _chain(error) for text in _OUT_OF_RESOURCE)
 
 
 LadderKey = tuple[str, str, int, str]  # (device name, dtype, head_dim, kind of score modification)
@@ -276,11 +287,15 @@ class OptionsLadder:
         """The phase ("forward" or "backward") whose kernel ``error`` reports out of shared memory.
 
         Where the error was raised does not settle it: Inductor may compile both kernels of a call
-        (and, under ``training.compile``, of a whole layer) at once. So the "Required: N" the error
-        names is compared with this key's estimate of each phase (:func:`forward_shared_memory`,
-        :func:`backward_shared_memory`) and the nearer one is blamed; ``raised_in`` decides when the
-        error names no size.
+        (and, under ``training.compile``, of a whole layer) at once. Triton's message names the kernel
+        (``triton_tem_fused_flex_attention_backward_…``): that decides. Without a name, the
+        "Required: N" it reports is compared with this key's estimate of each phase
+        (:func:`forward_shared_memory`, :func:`backward_shared_memory`) and the nearer one is blamed
+        (a tie, or no size either: ``raised_in``).
         """
+        named = failed_kernel(error)
+        if named is not None:
+            return "backward" if "backward" in named else "forward"
         required = required_shared_memory(error)
         if required is None or key not in self._rungs:
             return raised_in

@@ -4,8 +4,10 @@ out-of-resource reports of an H100, the ladder's rungs, and the ladder itself wi
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
+from typing import Callable
 
 import pytest
 import torch
@@ -302,9 +304,14 @@ def test_failed_phase_follows_the_required_bytes_not_where_it_was_raised() -> No
     needs_forward = forward_shared_memory(forward, 64, 2, 2)
     needs_backward = backward_shared_memory(backward, 64, 2, 2)
     assert needs_forward != needs_backward
-    assert ladder.failed_phase(key, _required(needs_backward + 512), "forward") == "backward"
-    assert ladder.failed_phase(key, _required(needs_forward - 512), "backward") == "forward"
+    unnamed = "triton_poi_fused_0"  # a message naming no FlexAttention kernel: the sizes decide
+    assert ladder.failed_phase(key, _required(needs_backward + 512, unnamed), "forward") == "backward"
+    assert ladder.failed_phase(key, _required(needs_forward - 512, unnamed), "backward") == "forward"
     assert ladder.failed_phase(key, RuntimeError("No valid triton configs"), "backward") == "backward"  # no size
+    # the kernel's name decides first, whatever the size
+    backward_kernel = "triton_tem_fused_flex_attention_backward_1"
+    assert ladder.failed_phase(key, _required(needs_forward, backward_kernel), "forward") == "backward"
+    assert ladder.failed_phase(key, _required(needs_backward), "backward") == "forward"
 
 
 class _BackwardOutOfResource(torch.autograd.Function):
@@ -320,49 +327,73 @@ class _BackwardOutOfResource(torch.autograd.Function):
         raise _required(ctx.required, "triton_tem_fused_flex_attention_backward_1")
 
 
-def test_training_compile_steps_the_named_phase_down_and_compiles_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``compile_flex_kernels`` under ``training.compile``: the options traced into the layers' graphs
-    fail (forward too large, then the backward, reported first from the forward call, then from the
-    backward); each failure steps only the phase its "Required: N" names, drops the graphs and retries,
-    and no parameter gradient is written."""
-    from kerple import positional
-    from kerple.model import GPTModel
-    from kerple.model.decoder import compile_flex_kernels
+def _configs(options: dict) -> tuple[ForwardConfig, BackwardConfig]:
+    return (ForwardConfig(options["fwd_BLOCK_M"], options["fwd_BLOCK_N"], options["fwd_num_stages"], 4),
+            BackwardConfig(options["bwd_BLOCK_M1"], options["bwd_BLOCK_N1"], options["bwd_BLOCK_M2"],
+                           options["bwd_BLOCK_N2"], options["bwd_num_stages"], 4))
 
-    monkeypatch.setattr(flex_base, "device_limits", lambda device: H100)
-    monkeypatch.setattr(flex_base.torch.compiler, "is_compiling", lambda: True)
-    resets: list[int] = []
-    monkeypatch.setattr(flex_base.torch._dynamo, "reset", lambda: resets.append(1))
-    calls: list[dict] = []
 
-    def traced_flex(query, key, value, score_mod=None, block_mask=None, kernel_options=None):  # type: ignore[no-untyped-def]
-        options = dict(kernel_options)
-        calls.append(options)
-        forward = ForwardConfig(options["fwd_BLOCK_M"], options["fwd_BLOCK_N"], options["fwd_num_stages"], 4)
-        backward = BackwardConfig(options["bwd_BLOCK_M1"], options["bwd_BLOCK_N1"], options["bwd_BLOCK_M2"],
-                                  options["bwd_BLOCK_N2"], options["bwd_num_stages"], 4)
+def _fake_kernel(calls: list[dict], backward_from_forward: Callable[[BackwardConfig], bool]):  # type: ignore[no-untyped-def]
+    """A FlexAttention stand-in (sdpa inside) that fails as Inductor does: a forward tile too large, a
+    backward that ``backward_from_forward`` says fails while the forward compiles (reported from the
+    forward call), and a backward with ``BLOCK_N1 > 64`` that fails when the backward runs."""
+
+    def attention(query, key, value, score_mod=None, block_mask=None, kernel_options=None):  # type: ignore[no-untyped-def]
+        calls.append(dict(kernel_options))
+        forward, backward = _configs(kernel_options)
         if forward.block_n > 64:
             raise _required(forward_shared_memory(forward, 64, 2, 0))
-        if backward.num_stages > 2:  # Inductor compiled the backward with the forward: raised here
-            raise _required(backward_shared_memory(backward, 64, 2, 0))
+        if backward_from_forward(backward):
+            raise _required(backward_shared_memory(backward, 64, 2, 0), "triton_tem_fused_flex_attention_backward_2")
         output = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True)
-        if backward.block_n1 > 64:  # compiled lazily: raised by the backward
+        if backward.block_n1 > 64:
             return _BackwardOutOfResource.apply(output, backward_shared_memory(backward, 64, 2, 0))
         return output
 
-    monkeypatch.setattr(flex_base, "flex_attention", traced_flex)
-    import kerple.model.gpt as gpt_module
+    return attention
+
+
+def test_training_compile_settles_the_options_eagerly_then_recovers_the_compiled_graph(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``compile_flex_kernels`` under ``training.compile``: the uncompiled run lets the ladder step the
+    forward (stages, then BLOCK_N) and the backward (stages, N1) down; the compiled graphs then fail once
+    more, on a backward tile reported from the forward call, and ``recover`` steps the backward (the
+    phase its "Required: N" names), not the forward. No parameter gradient is written."""
     from compiled_flex import _training_allowed  # lifts the CPU refusal of flex training (no kernel runs here)
 
+    import kerple.model.decoder as decoder_module
+    import kerple.model.gpt as gpt_module
+    from kerple import positional
+    from kerple.model import GPTModel
+
+    eager = [False]
+
+    @contextlib.contextmanager
+    def uncompiled():  # type: ignore[no-untyped-def]
+        eager[0] = True
+        yield
+        eager[0] = False
+
+    monkeypatch.setattr(decoder_module, "uncompiled_layers", uncompiled)
+    monkeypatch.setattr(flex_base, "device_limits", lambda device: H100)
+    monkeypatch.setattr(flex_base.torch.compiler, "is_compiling", lambda: not eager[0])
+    monkeypatch.setattr(flex_base.torch._dynamo, "reset", lambda: None)
+    monkeypatch.setattr(flex_base.torch._dynamo, "reset_code", lambda code: None)
     monkeypatch.setattr(gpt_module, "unsupported_reason", _training_allowed(gpt_module.unsupported_reason))
+    eager_calls: list[dict] = []
+    compiled_calls: list[dict] = []
+    monkeypatch.setattr(flex_base, "flex_attention",
+                        _fake_kernel(compiled_calls, lambda backward: backward.block_m1 > 32))
     torch.manual_seed(0)
-    embedding = positional.build("kerple_log", num_heads=2, head_dim=64, hidden_size=128, max_positions=32)
+    embedding = positional.build("alibi", num_heads=2, head_dim=64, hidden_size=128, max_positions=32)
     model = GPTModel(num_layers=2, hidden_size=128, num_attention_heads=2, padded_vocab_size=32, positional=embedding,
                      attention_impl="flex").to(torch.bfloat16).train()
-    retries = compile_flex_kernels(model, torch.zeros(2, 32, dtype=torch.long))
-    final = calls[-1]
-    assert (final["fwd_BLOCK_N"], final["bwd_num_stages"], final["bwd_BLOCK_N1"]) == (64, 2, 64)
-    assert final["fwd_BLOCK_M"] == 128 and final["fwd_num_stages"] == 2  # forward: one stage less, then BLOCK_N
-    assert retries == len(resets) == 4  # forward twice (stages, BLOCK_N), backward twice (stages, N1)
+    model._flex._compiled_attention = _fake_kernel(eager_calls, lambda backward: backward.num_stages > 2)
+    assert decoder_module.compile_flex_kernels(model, torch.zeros(2, 32, dtype=torch.long)) == 1
+    forward, backward = _configs(eager_calls[-1])
+    assert (forward.block_n, forward.num_stages, backward.num_stages, backward.block_n1) == (64, 2, 2, 64)
+    forward, backward = _configs(compiled_calls[-1])
+    assert (forward.block_m, forward.block_n, forward.num_stages) == (128, 64, 2)  # the forward kept its rung
+    assert (backward.block_m1, backward.block_n1, backward.num_stages) == (32, 32, 2)  # the backward: one rung more
     assert all(p.grad is None for p in model.parameters())
-    assert compile_flex_kernels(model, torch.zeros(2, 32, dtype=torch.long)) == 0  # the options are kept
