@@ -11,6 +11,7 @@ so the check ends in time. ``--in-process`` runs the steps in this process inste
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import json
 import os
@@ -123,7 +124,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--scale", default="auto", choices=("auto", *SCALES),
                         help="full (or quick) on CUDA, tiny (or tiny-quick: the harness's own test) on CPU")
     parser.add_argument("--output", type=Path, default=REPO / "gpu-report", help="report folder (report.json, report.md)")
-    parser.add_argument("--work", type=Path, help=f"scratch folder (default: {WORK})")
+    parser.add_argument("--work", type=Path, help=f"scratch folder (default: one per report under {WORK})")
     parser.add_argument("--budget", type=float, help="seconds per selected step (default: each step's own)")
     parser.add_argument("--total-budget", type=float,
                         help="seconds for the whole check (default: 18 min at full scale, 9 min with --quick)")
@@ -136,8 +137,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.scale == "auto":
         args.scale = ("quick" if args.quick else "full") if args.device == "cuda" else ("tiny-quick" if args.quick else "tiny")
-    args.work = args.work or WORK
+    args.work = args.work or default_work(args.output)
     return args
+
+
+def default_work(output: Path) -> Path:
+    """Scratch folder of a report folder: under :data:`WORK`, one per report (checks of two reports
+    never share scratch files)."""
+    return WORK / hashlib.sha1(str(output.resolve()).encode()).hexdigest()[:12]
 
 
 def install_wheels(site: Path = SITE) -> list[str]:

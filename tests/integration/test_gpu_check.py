@@ -66,6 +66,8 @@ def test_cpu_run_reports_every_step_and_survives_a_failing_one(tmp_path: Path, m
 
 def test_isolated_steps_report_or_are_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     args = runner.parse_args(["--device", "cpu", "--output", str(tmp_path)])
+    assert args.work.is_relative_to(runner.WORK) and not args.work.is_relative_to(tmp_path)  # scratch outside
+    args.work = tmp_path / "work"
     args.work.mkdir(parents=True)
     skipped = runner.run_step_isolated(2, args, budget=120.0)  # the child's own result file is read back
     assert skipped.status == "skipped" and "CUDA" in skipped.reason
