@@ -60,9 +60,12 @@ gpu-check:
 
 # `make gpu-reproduce [TOKENS=600M] [MINUTES=9] [SCALE=tiny] [REPRODUCE_ARGS=...]`: KERPLE Table 3 at
 # 162M (tools/gpu_reproduce.py); each call works for at most MINUTES, the same call again continues.
+# `make gpu-reproduce PRESET=lease OUTPUT=folder [MINUTES=9]`: one short reproduction sized to MINUTES,
+# its report (4 files) in OUTPUT only.
 gpu-reproduce:
 	@$(GPU_SITE_SETUP); \
 	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) tools/gpu_reproduce.py $(if $(SCALE),--scale $(SCALE)) \
+	  $(if $(PRESET),--preset $(PRESET)) $(if $(OUTPUT),--output $(OUTPUT)) \
 	  $(if $(TOKENS),--tokens $(TOKENS)) $(if $(MINUTES),--minutes $(MINUTES)) $(REPRODUCE_ARGS)
 
 gpu-wheels: $(STAMP)

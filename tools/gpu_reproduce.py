@@ -1,8 +1,9 @@
-"""`make gpu-reproduce`: the KERPLE paper's Table 3 at 162M on one GPU, in re-runnable chunks.
+"""`make gpu-reproduce`: the KERPLE paper's Table 3 at 162M on one GPU, in re-runnable chunks or in one lease.
 
     python tools/gpu_reproduce.py                      # one chunk of at most 9 minutes; run again to continue
     python tools/gpu_reproduce.py --tokens 100M --minutes 0
-    python tools/gpu_reproduce.py --scale tiny         # the same orchestration on a CPU in a minute
+    python tools/gpu_reproduce.py --scale tiny         # the same orchestration on a CPU
+    python3 tools/gpu_reproduce.py --preset lease --output $OUT/reproduce --minutes 8.75   # one short lease
 
 What it runs, and why in child processes: kerple/reproduce/.
 """

@@ -9,7 +9,13 @@ and a README section). Every stage runs the project's own entry point in a child
 resumes from what is on disk, so a run stopped by its time limit, a signal or a lost machine
 continues where it stopped when the same command is run again.
 
+``--preset lease`` instead does one short reproduction that fits one GPU lease: a corpus capped in
+tokens and time, training steps sized from a measured throughput to fit ``--minutes``, and a
+report of four files in ``--output`` only, rewritten after every stage.
+
 Modules: :mod:`.plan` (scales, budget, config arguments), :mod:`.state` (what earlier chunks did),
 :mod:`.supervise` (child processes with a deadline), :mod:`.stages` (corpus, training, evaluation),
-:mod:`.report` (tables, plot, docs), :mod:`.cli` (the command).
+:mod:`.report` (tables, plot, docs), :mod:`.cli` (the command); for the lease :mod:`.lease` (its
+scales and the sizing rule), :mod:`.corpus` (the capped corpus), :mod:`.lease_run` (its stages) and
+:mod:`.lease_report` (its report).
 """

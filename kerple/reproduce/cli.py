@@ -1,14 +1,17 @@
-"""``tools/gpu_reproduce.py`` (``make gpu-reproduce``): one chunk of the Table-3 reproduction.
+"""``tools/gpu_reproduce.py`` (``make gpu-reproduce``): the Table-3 reproduction, in chunks or in one lease.
 
     python tools/gpu_reproduce.py                          # 162M, 600M tokens per run, up to 9 minutes
     python tools/gpu_reproduce.py --tokens 100M --minutes 25
     python tools/gpu_reproduce.py --scale tiny             # the same steps on a CPU, in seconds
     python tools/gpu_reproduce.py --report-only            # rewrite the report from what is on disk
+    python tools/gpu_reproduce.py --preset lease --output $OUT/reproduce --minutes 9
 
-Each run of the command does what fits in ``--minutes`` (corpus, then per embedding: train, then
-evaluate), asks the trainer to stop in time to write its checkpoint, writes the report and exits 0;
-the same command again continues where it stopped. ``--minutes 0`` goes on until everything is done.
-SIGINT/SIGTERM stop it the same way (a second one kills the running child). Exit status: 0, also
+``--preset chunks`` (the default): each run of the command does what fits in ``--minutes``
+(corpus, then per embedding: train, then evaluate), asks the trainer to stop in time to write its
+checkpoint, writes the report (docs page and README section) and exits 0; the same command again
+continues where it stopped. ``--minutes 0`` goes on until everything is done. ``--preset lease``:
+one short reproduction sized to ``--minutes``, its report in ``--output`` only (:mod:`.lease`).
+SIGINT/SIGTERM stop either the same way (a second one kills the running child). Exit status: 0, also
 when more remains to do; 1 when a training or evaluation failed (its log is named); 2 on bad options.
 """
 
@@ -16,23 +19,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from kerple.errors import entry_point
 from kerple.reproduce.errors import ReproduceError
+from kerple.reproduce.lease import lease_options
+from kerple.reproduce.lease_run import report_only, run_lease
 from kerple.reproduce.plan import DEFAULT_POS_EMBS, REPO, SCALES, Corpus, Settings, check_pos_embs, parse_tokens
 from kerple.reproduce.progress import Progress
 from kerple.reproduce.report import Outputs, check_readme, setup_lines, write_report
 from kerple.reproduce.stages import (Context, StageFailed, checkpoint_step, choose_eval_tokens, corpus_prefix,
-                                     ensure_corpus, evaluate, results_file, train)
+                                     detect_device, ensure_corpus, evaluate, results_file, train)
 from kerple.reproduce.state import State
-from kerple.reproduce.supervise import StopRequest
+from kerple.reproduce.supervise import StopRequest, child_environment
 
 PROG = "gpu_reproduce.py"
+PRESETS = ("chunks", "lease")
+DEFAULT_MINUTES, TINY_LEASE_MINUTES = 9.0, 2.0
 EPOCHS_WORTH_IT = 4  # repeated data adds little past about four epochs (Muennighoff et al., 2023)
 
 
@@ -42,8 +47,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="full: 162M on a CUDA GPU; tiny: a 2-layer model on a CPU (checks the orchestration)")
     parser.add_argument("--tokens", help="training tokens per run, e.g. 600M (default: 600M full, 7,680 tiny)")
     parser.add_argument("--pos-emb", default=",".join(DEFAULT_POS_EMBS), help="embeddings, trained in this order")
-    parser.add_argument("--minutes", type=float, default=9.0,
-                        help="this chunk's wall time; 0: until done (default 9, for 10-minute sessions)")
+    parser.add_argument("--minutes", type=float,
+                        help="this chunk's (or the lease's) wall time; 0: until done (default 9, for 10-minute "
+                             "sessions; the tiny lease: 2)")
     parser.add_argument("--work", type=Path, help="data, checkpoints, results (default runs/reproduce-<scale>)")
     parser.add_argument("--root", action="append", default=[], metavar="DIR",
                         help="read the .py files under DIR instead of this interpreter's (repeatable)")
@@ -54,7 +60,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="README with a marked section to fill (default README.md at full scale)")
     parser.add_argument("--no-readme", action="store_true", help="leave the README alone")
     parser.add_argument("--report-only", action="store_true", help="write the report from what is on disk and exit")
+    parser.add_argument("--preset", default="chunks",
+                        help="chunks: toward --tokens in re-runnable chunks (default); lease: one short reproduction "
+                             "sized to --minutes, its report in --output only")
+    lease = parser.add_argument_group("--preset lease")
+    lease.add_argument("--output", type=Path, help="the report's folder (4 files; e.g. $OUT/reproduce)")
+    lease.add_argument("--corpus-tokens", metavar="N",
+                       help="cap on the corpus, e.g. 30M (default: 30M full, 200k tiny); also stops at its time share")
+    lease.add_argument("--throughput-report", type=Path, metavar="PATH",
+                       help="tokens/s from the GPU check's report.json (step 4) or an earlier lease's report.json, "
+                            "instead of a probe")
     return parser.parse_args(argv)
+
+
+def check_preset(args: argparse.Namespace) -> None:
+    """Refuse an unknown preset, and the lease's options without it."""
+    if args.preset not in PRESETS:
+        raise ReproduceError(f"--preset {args.preset!r}: choose chunks (toward --tokens in re-runnable chunks) or "
+                             "lease (one short reproduction in --minutes, its report in --output)")
+    if args.preset == "chunks":
+        given = [flag for flag, value in (("--output", args.output), ("--corpus-tokens", args.corpus_tokens),
+                                          ("--throughput-report", args.throughput_report)) if value]
+        if given:
+            raise ReproduceError(f"{given[0]} is for --preset lease; add --preset lease, or drop {given[0]}")
+
+
+def pos_embs_and_roots(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``--pos-emb`` checked against configs/pe/, and the ``--root`` folders as absolute paths."""
+    names = check_pos_embs([name.strip() for name in args.pos_emb.split(",") if name.strip()])
+    return names, tuple(str(Path(root).resolve()) for root in args.root)
 
 
 def settings_from(args: argparse.Namespace) -> tuple[Settings, Outputs]:
@@ -63,9 +97,8 @@ def settings_from(args: argparse.Namespace) -> tuple[Settings, Outputs]:
     if args.minutes < 0:
         raise ReproduceError(f"--minutes {args.minutes:g}: give a positive number of minutes, or 0 for no limit")
     tokens = parse_tokens(args.tokens) if args.tokens else scale.default_tokens
-    names = check_pos_embs([name.strip() for name in args.pos_emb.split(",") if name.strip()])
+    names, roots = pos_embs_and_roots(args)
     work = (args.work or REPO / "runs" / f"reproduce-{'162m' if scale.name == 'full' else scale.name}").resolve()
-    roots = tuple(str(Path(root).resolve()) for root in args.root)
     settings = Settings(scale, tokens, names, work, roots, attention_impl=args.attention_impl)
     full = scale.name == "full"
     default_page = REPO / "docs" / "reproduce-162m.md" if full else work / "report" / "reproduce-tiny.md"
@@ -73,34 +106,6 @@ def settings_from(args: argparse.Namespace) -> tuple[Settings, Outputs]:
     readme = None if args.no_readme else (args.readme or (REPO / "README.md" if full else None))
     plot = page.parent / "images" / f"reproduce_{'162m' if full else scale.name}_ppl_vs_length.png"
     return settings, Outputs(page, plot, readme.resolve() if readme else None)
-
-
-def detect_device(settings: Settings) -> str:
-    """The device's name: the tiny scale runs on the CPU; the full scale refuses to start without CUDA.
-    CUDA is queried in a child process, so this process never holds GPU memory of its own."""
-    if not settings.scale.needs_cuda:
-        return "CPU"
-    query = "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
-    name = subprocess.run([sys.executable, "-c", query], capture_output=True, text=True).stdout.strip()
-    if not name:
-        raise ReproduceError("--scale full trains 162M-parameter models and needs a CUDA GPU (torch sees none); "
-                             "on a CPU, check the orchestration with --scale tiny (make gpu-reproduce SCALE=tiny)")
-    return name.splitlines()[-1]
-
-
-def child_environment(cuda: bool) -> dict[str, str]:
-    """The children's environment: this checkout's kerple, DeepSpeed on the right accelerator (no GPU
-    visible to a CPU run), offline."""
-    env = {**os.environ, "DS_ACCELERATOR": "cuda" if cuda else "cpu", "TOKENIZERS_PARALLELISM": "false"}
-    if not cuda:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-        env.setdefault(key, "1")
-    env.setdefault("WANDB_MODE", "offline")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)  # each train.py is a single rank of its own
-    return env
 
 
 def initial_progress(settings: Settings, state: State, deadline: float | None) -> Progress:
@@ -170,7 +175,14 @@ def _complete(settings: Settings, name: str) -> bool:
 
 @entry_point(PROG)
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
     args = parse_args(argv)
+    check_preset(args)
+    if args.minutes is None:
+        args.minutes = TINY_LEASE_MINUTES if (args.preset, args.scale) == ("lease", "tiny") else DEFAULT_MINUTES
+    if args.preset == "lease":
+        options = lease_options(args, *pos_embs_and_roots(args))
+        return report_only(options) if args.report_only else run_lease(options, detect_device, started)
     settings, outputs = settings_from(args)
     check_readme(outputs.readme)
     state = State.load(settings.work / "state.json", settings.fingerprint())

@@ -6,7 +6,8 @@ warm-up, bf16, gradient clipping 1.0; the paper trains 50,000 steps (819M tokens
 budget sets the steps and the schedule spans them. The tokenizer is a byte-level BPE of 50,257 ids
 (GPT-2's size, padded to 50,304 as in the paper) trained on the corpus's train split, so the model
 has the paper's 162M parameters. ``tiny`` runs the same orchestration on a CPU in seconds (a
-2-layer model on a few thousand tokens): its numbers mean nothing, its files and steps are real.
+2-layer model on a few thousand tokens, scored on 4,096 tokens per length): its numbers mean
+nothing, its files and steps are real.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ TINY = Scale(
     name="tiny", model_files=("configs/models/tiny.yml", "configs/setups/cpu.yml"),
     model_overrides={"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "lr": 0.003, "eval_iters": 1},
     seq_length=16, micro_batch=8, vocab=320, split="90,10,0", default_tokens=60 * 128, save_interval=10,
-    log_interval=5, stop_margin_s=10.0, report_s=2.0, min_train_s=5.0, file_limit=300,
+    log_interval=5, stop_margin_s=10.0, report_s=2.0, min_train_s=5.0, file_limit=60, eval_token_cap=4096,
 )
 SCALES = {scale.name: scale for scale in (FULL, TINY)}
 
@@ -83,6 +84,7 @@ class Settings:
     roots: tuple[str, ...] = ()
     seed: int = 1234
     attention_impl: str = "auto"
+    corpus_tokens: int | None = None  # the lease preset's cap on the corpus (None: the whole corpus)
 
     @property
     def steps(self) -> int:
@@ -92,19 +94,20 @@ class Settings:
     def fingerprint(self) -> dict[str, Any]:
         """What every chunk of one reproduction must share (a change would mix two experiments)."""
         scale = self.scale
-        return {"scale": scale.name, "steps": self.steps, "tokens_per_step": scale.tokens_per_step,
-                "seed": self.seed, "vocab": scale.vocab, "split": scale.split, "roots": list(self.roots),
-                "lengths": list(scale.lengths)}
+        fingerprint = {"scale": scale.name, "steps": self.steps, "tokens_per_step": scale.tokens_per_step,
+                       "seed": self.seed, "vocab": scale.vocab, "split": scale.split, "roots": list(self.roots),
+                       "lengths": list(scale.lengths)}
+        return fingerprint if self.corpus_tokens is None else {**fingerprint, "corpus_tokens": self.corpus_tokens}
 
 
-def parse_tokens(text: str) -> int:
-    """``600M``, ``1.5B``, ``250k`` or ``8192`` -> a positive token count."""
+def parse_tokens(text: str, flag: str = "--tokens") -> int:
+    """``600M``, ``1.5B``, ``250k`` or ``8192`` -> a positive token count (errors name ``flag``)."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMbB]?)\s*", text)
     if not match:
-        raise ReproduceError(f"--tokens {text!r}: expected a count such as 600M, 1.5B, 250k or 8192")
+        raise ReproduceError(f"{flag} {text!r}: expected a count such as 600M, 1.5B, 250k or 8192")
     value = float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "b": 1e9}[match.group(2).lower()]
     if value < 1:
-        raise ReproduceError(f"--tokens {text!r}: the budget must be at least one token")
+        raise ReproduceError(f"{flag} {text!r}: give at least one token")
     return int(round(value))
 
 

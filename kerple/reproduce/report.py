@@ -171,36 +171,52 @@ def status_line(settings: Settings, state: State, ppl: dict[str, dict[int, float
 
 def setup_lines(settings: Settings, state: State, corpus: Corpus | None) -> list[str]:
     """The corpus, the recipe and the budget, as this reproduction ran them."""
-    scale, steps = settings.scale, settings.steps
-    tokens = steps * scale.tokens_per_step
-    lines = [f"- **Recipe**: {', '.join(f'`{name}`' for name in scale.model_files)} with `configs/pe/<run>.yml` "
-             f"(KERPLE §5.1 Table 2): {steps:,} steps of {scale.micro_batch} x {scale.seq_length} tokens = "
-             f"{format_tokens(tokens)} tokens per run (the paper: {PAPER_STEPS:,} steps = "
-             f"{format_tokens(PAPER_STEPS * 32 * 512)}), the cosine schedule and 1% warm-up spanning them; seed "
-             f"{settings.seed}, one seed (so no † marks)."]
+    lines = [recipe_line(settings)]
     if corpus is None:
-        lines.append(f"- **Corpus**: the Python sources on the machine ({PENDING}).")
-        return lines
-    source = corpus.source
-    lines.append(
-        f"- **Corpus**: {source.get('files_kept', 0):,} Python files ({source.get('bytes_kept', 0) / 2**20:,.1f} MiB; "
-        f"{source.get('duplicates_removed', 0):,} duplicates of other files removed) from "
-        f"{', '.join(f'`{root}`' for root in source.get('roots', []))}, held out by file: train "
-        f"{corpus.documents('train'):,} files / {corpus.tokens('train'):,} tokens, validation "
-        f"{corpus.documents('valid'):,} / {corpus.tokens('valid'):,}, test {corpus.documents('test'):,} / "
-        f"{corpus.tokens('test'):,}. The budget is {tokens / max(corpus.tokens('train'), 1):.1f} epochs of the train "
-        "split"
-        + (f"; prepared in {format_duration(state.corpus_seconds)}." if state.corpus_seconds else "."))
+        return [*lines, f"- **Corpus**: the Python sources on the machine ({PENDING})."]
+    lines.append(corpus_line(settings, corpus) + (f"; prepared in {format_duration(state.corpus_seconds)}."
+                                                  if state.corpus_seconds else "."))
     lines.append(f"- **Tokenizer**: a byte-level BPE of {corpus.vocab_size:,} ids trained on the train split "
                  "(`prepare_data.py python --train-tokenizer`).")
-    licenses = source.get("licenses", {})
-    if licenses:
-        lines.append("- **Licences** (files per licence, from the installed packages' metadata; the files stay on "
-                     "the machine): " + ", ".join(f"{name} {count:,}" for name, count in list(licenses.items())[:8])
-                     + (f", {len(licenses) - 8} more" if len(licenses) > 8 else "") + ".")
-    lines.append(f"- **Evaluation**: `evaluate.py --protocol nonoverlap` (KERPLE §5.2) on the validation split, "
-                 f"the same {state.eval_tokens or choose_eval_tokens(settings, corpus):,} tokens at every length.")
-    return lines
+    return [*lines, *licence_lines(corpus), evaluation_line(settings, state, corpus)]
+
+
+def recipe_line(settings: Settings) -> str:
+    """The model files, steps, batch and tokens per run, against the paper's."""
+    scale, steps = settings.scale, settings.steps
+    return (f"- **Recipe**: {', '.join(f'`{name}`' for name in scale.model_files)} with `configs/pe/<run>.yml` "
+            f"(KERPLE §5.1 Table 2): {steps:,} steps of {scale.micro_batch} x {scale.seq_length} tokens = "
+            f"{format_tokens(steps * scale.tokens_per_step)} tokens per run (the paper: {PAPER_STEPS:,} steps = "
+            f"{format_tokens(PAPER_STEPS * 32 * 512)}), the cosine schedule and 1% warm-up spanning them; seed "
+            f"{settings.seed}, one seed (so no † marks).")
+
+
+def corpus_line(settings: Settings, corpus: Corpus) -> str:
+    """Files, roots, the held-out splits and the budget in epochs (no final full stop)."""
+    source, tokens = corpus.source, settings.steps * settings.scale.tokens_per_step
+    return (f"- **Corpus**: {source.get('files_kept', 0):,} Python files ({source.get('bytes_kept', 0) / 2**20:,.1f} "
+            f"MiB; {source.get('duplicates_removed', 0):,} duplicates of other files removed) from "
+            f"{', '.join(f'`{root}`' for root in source.get('roots', []))}, held out by file: train "
+            f"{corpus.documents('train'):,} files / {corpus.tokens('train'):,} tokens, validation "
+            f"{corpus.documents('valid'):,} / {corpus.tokens('valid'):,}, test {corpus.documents('test'):,} / "
+            f"{corpus.tokens('test'):,}. The budget is {tokens / max(corpus.tokens('train'), 1):.1f} epochs of the "
+            "train split")
+
+
+def licence_lines(corpus: Corpus) -> list[str]:
+    """Files per licence, from the installed packages' metadata (none when it names none)."""
+    licenses = corpus.source.get("licenses", {})
+    if not licenses:
+        return []
+    return ["- **Licences** (files per licence, from the installed packages' metadata; the files stay on the "
+            "machine): " + ", ".join(f"{name} {count:,}" for name, count in list(licenses.items())[:8])
+            + (f", {len(licenses) - 8} more" if len(licenses) > 8 else "") + "."]
+
+
+def evaluation_line(settings: Settings, state: State, corpus: Corpus) -> str:
+    """The protocol and the tokens scored at every length."""
+    return (f"- **Evaluation**: `evaluate.py --protocol nonoverlap` (KERPLE §5.2) on the validation split, "
+            f"the same {state.eval_tokens or choose_eval_tokens(settings, corpus):,} tokens at every length.")
 
 
 def readme_section(settings: Settings, state: State, ppl: dict[str, dict[int, float]], outputs: Outputs) -> str:
@@ -248,17 +264,21 @@ def _fallbacks(settings: Settings, state: State) -> list[str]:
     return notes
 
 
+def write_plot(settings: Settings, ppl: dict[str, dict[int, float]], path: Path) -> Path | None:
+    """Perplexity against length of every run with results, into ``path``; None before any result."""
+    if not ppl:
+        return None
+    from kerple.evaluation.compare import plot_table  # matplotlib: only when there is something to plot
+
+    runs = [load_run(results_file(settings, name)) for name in settings.pos_embs if name in ppl]
+    return plot_table(build_tables(runs, reference=runs[0].variant)[0], path)
+
+
 def write_report(settings: Settings, state: State, corpus: Corpus | None, outputs: Outputs) -> list[Path]:
     """Write the plot (when any run has results), the docs page and the README section; return them."""
     ppl = load_ppl(settings)
-    written, plot = [], None
-    if ppl:
-        from kerple.evaluation.compare import plot_table  # matplotlib: only when there is something to plot
-
-        runs = [load_run(results_file(settings, name)) for name in settings.pos_embs if name in ppl]
-        table = build_tables(runs, reference=runs[0].variant)[0]
-        plot = plot_table(table, outputs.plot)
-        written.append(plot)
+    plot = write_plot(settings, ppl, outputs.plot)
+    written = [plot] if plot is not None else []
     written.append(write_text_atomic(outputs.page, page_text(settings, state, corpus, ppl, plot, outputs)))
     if outputs.readme is not None:
         text = outputs.readme.read_text()

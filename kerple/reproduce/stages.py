@@ -19,6 +19,7 @@ import copy
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -71,12 +72,25 @@ class Context:
         return self.settings.work / "logs" / f"{name}.log"
 
 
+def detect_device(settings: Settings) -> str:
+    """The device's name: the tiny scale runs on the CPU; the full scale refuses to start without CUDA.
+    CUDA is queried in a child process, so this process never holds GPU memory of its own."""
+    if not settings.scale.needs_cuda:
+        return "CPU"
+    query = "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
+    name = subprocess.run([sys.executable, "-c", query], capture_output=True, text=True).stdout.strip()
+    if not name:
+        raise ReproduceError("--scale full trains 162M-parameter models and needs a CUDA GPU (torch sees none); "
+                             "on a CPU, check the orchestration with --scale tiny (make gpu-reproduce SCALE=tiny)")
+    return name.splitlines()[-1]
+
+
 def flex_failure(lines: list[str]) -> str | None:
     """The line of a child's output that shows FlexAttention failing to compile, if any."""
     return next((line.strip()[:300] for line in reversed(lines) if FLEX_FAILURE.search(line)), None)
 
 
-def _echo(ctx: Context, name: str, pos_emb: str | None = None) -> Callable[[str], None]:
+def echo_lines(ctx: Context, name: str, pos_emb: str | None = None) -> Callable[[str], None]:
     def on_line(line: str) -> None:
         if OVERRIDE_LOG.match(line):
             return
@@ -86,7 +100,7 @@ def _echo(ctx: Context, name: str, pos_emb: str | None = None) -> Callable[[str]
     return on_line
 
 
-def _failed(what: str, outcome: Outcome, log: Path) -> StageFailed:
+def stage_failure(what: str, outcome: Outcome, log: Path) -> StageFailed:
     last = next((line for line in reversed(outcome.tail) if line.strip()), "no output")
     return StageFailed(f"{what} failed (exit {outcome.returncode}); last line: {last.strip()[:300]} (log: {log})")
 
@@ -113,12 +127,12 @@ def ensure_corpus(ctx: Context) -> Corpus | None:
     for root in settings.roots:
         command += ["--root", root]
     ctx.out(f"corpus: preparing the Python sources on this machine ({workers} worker(s)); this runs once")
-    outcome = run_child(command, log_path=ctx.log("corpus"), stop=ctx.stop, on_line=_echo(ctx, "corpus"),
+    outcome = run_child(command, log_path=ctx.log("corpus"), stop=ctx.stop, on_line=echo_lines(ctx, "corpus"),
                         env=ctx.env, cwd=REPO)
     if outcome.stopped:
         return None
     if not outcome.ok or not info.is_file():
-        raise _failed("prepare_data.py", outcome, ctx.log("corpus"))
+        raise stage_failure("prepare_data.py", outcome, ctx.log("corpus"))
     ctx.state.corpus_seconds = outcome.seconds
     ctx.state.save()
     return Corpus.from_info(info)
@@ -163,7 +177,7 @@ def train(ctx: Context, corpus: Corpus, pos_emb: str) -> bool:
         command = [ctx.python, REPO / "train.py", *config_arguments(settings, corpus, pos_emb, impl)]
         outcome = run_child(command, log_path=ctx.log(f"{pos_emb}-train"), stop=ctx.stop,
                             deadline=ctx.stage_deadline, margin=scale.stop_margin_s, grace=scale.stop_margin_s,
-                            on_line=_echo(ctx, pos_emb, pos_emb), env=ctx.env, cwd=REPO)
+                            on_line=echo_lines(ctx, pos_emb, pos_emb), env=ctx.env, cwd=REPO)
         end = checkpoint_step(folder)
         status = "finished" if end >= settings.steps else "stopped" if outcome.ok or outcome.stopped else "failed"
         record.chunks.append(Chunk("train", outcome.seconds, start, end, impl, status))
@@ -173,7 +187,7 @@ def train(ctx: Context, corpus: Corpus, pos_emb: str) -> bool:
             return end >= settings.steps
         reason = flex_failure(outcome.tail)
         if end > start or reason is None or impl == "sdpa":
-            raise _failed(f"training {pos_emb}", outcome, ctx.log(f"{pos_emb}-train"))
+            raise stage_failure(f"training {pos_emb}", outcome, ctx.log(f"{pos_emb}-train"))
         record.fallback = reason
         ctx.state.save()
         ctx.out(f"training {pos_emb}: FlexAttention failed ({reason}); continuing with attention_impl sdpa")
@@ -224,7 +238,7 @@ def _evaluate_lengths(ctx: Context, corpus: Corpus, pos_emb: str, lengths: list[
                "--protocol", "nonoverlap", "--num-tokens", str(tokens), "--output", parts / f"{number}.json",
                "--no-progress"]
     return run_child(command, log_path=ctx.log(f"{pos_emb}-evaluate"), stop=ctx.stop, deadline=ctx.stage_deadline,
-                     grace=EVAL_GRACE_S, on_line=_echo(ctx, pos_emb), env=ctx.env, cwd=REPO)
+                     grace=EVAL_GRACE_S, on_line=echo_lines(ctx, pos_emb), env=ctx.env, cwd=REPO)
 
 
 def evaluate(ctx: Context, corpus: Corpus, pos_emb: str) -> bool:
@@ -252,7 +266,7 @@ def evaluate(ctx: Context, corpus: Corpus, pos_emb: str) -> bool:
         if status == "failed":
             reason = flex_failure(outcome.tail)
             if scored or reason is None or impl == "sdpa":
-                raise _failed(f"evaluating {pos_emb}", outcome, ctx.log(f"{pos_emb}-evaluate"))
+                raise stage_failure(f"evaluating {pos_emb}", outcome, ctx.log(f"{pos_emb}-evaluate"))
             record.eval_fallback = reason
             ctx.state.save()
             ctx.out(f"evaluating {pos_emb}: FlexAttention failed ({reason}); continuing with attention_impl sdpa")

@@ -2,8 +2,8 @@
 
 Checkpoints and results files say *where* a reproduction stands; the state adds what they cannot:
 the settings every chunk must share, the wall time of every child process (for the report's
-timings), and the attention kernel each run ended up with (FlexAttention, or ``sdpa`` after a
-FlexAttention failure, with the reason).
+timings), the attention kernel each run ended up with (FlexAttention, or ``sdpa`` after a
+FlexAttention failure, with the reason), and for the lease preset the plan its steps were sized by.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ class State:
     eval_tokens: int | None = None
     device: str | None = None
     runs: dict[str, RunRecord] = field(default_factory=dict)
+    lease: dict[str, Any] | None = None  # the lease preset's plan (kerple.reproduce.lease.LeasePlan)
 
     def run(self, pos_emb: str) -> RunRecord:
         return self.runs.setdefault(pos_emb, RunRecord())
@@ -74,6 +75,8 @@ class State:
         doc = {"format": FORMAT, "fingerprint": self.fingerprint, "corpus_seconds": self.corpus_seconds,
                "eval_tokens": self.eval_tokens, "device": self.device,
                "runs": {name: asdict(record) for name, record in self.runs.items()}}
+        if self.lease is not None:
+            doc["lease"] = self.lease
         write_json_atomic(self.path, doc)
 
     @classmethod
@@ -94,4 +97,15 @@ class State:
         if changed:
             raise ReproduceError(f"{path.parent} was started with other settings ({'; '.join(changed)}): "
                                  "run with the settings it was started with, or pass another --work")
-        return cls(path, fingerprint, doc.get("corpus_seconds"), doc.get("eval_tokens"), doc.get("device"), runs)
+        return cls(path, fingerprint, doc.get("corpus_seconds"), doc.get("eval_tokens"), doc.get("device"), runs,
+                   doc.get("lease"))
+
+    @staticmethod
+    def saved_fingerprint(path: Path) -> dict[str, Any] | None:
+        """The fingerprint of the state in ``path``, if there is a readable one (a lease reuses its steps)."""
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        fingerprint = doc.get("fingerprint") if isinstance(doc, dict) else None
+        return fingerprint if isinstance(fingerprint, dict) else None

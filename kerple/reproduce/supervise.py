@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kerple.reproduce.plan import REPO
+
 TAIL_LINES = 40
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -124,3 +126,18 @@ def run_child(
     outcome.seconds = time.monotonic() - started
     outcome.tail = list(tail)
     return outcome
+
+
+def child_environment(cuda: bool) -> dict[str, str]:
+    """The children's environment: this checkout's kerple, DeepSpeed on the right accelerator (no GPU
+    visible to a CPU run), offline."""
+    env = {**os.environ, "DS_ACCELERATOR": "cuda" if cuda else "cpu", "TOKENIZERS_PARALLELISM": "false"}
+    if not cuda:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        env.setdefault(key, "1")
+    env.setdefault("WANDB_MODE", "offline")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)  # each train.py is a single rank of its own
+    return env

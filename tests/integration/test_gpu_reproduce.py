@@ -2,8 +2,9 @@
 
 The first run is stopped by SIGTERM while the model trains (as at the end of a GPU session); the
 second run of the same command resumes it from its checkpoint instead of restarting it, evaluates it
-and writes the Table-3 report. The numbers are not tested; several runs in order are tested with
-stand-in children in tests/unit/reproduce/test_reproduce_stages.py.
+and writes the Table-3 report. The lease preset runs once, sized from a GPU-check report, and must
+leave only its report in --output, as a lease returns it. The numbers are not tested; several runs
+in order are tested with stand-in children in tests/unit/reproduce/.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from kerple.reproduce.lease import size_steps
+from kerple.reproduce.lease_report import REPORT_FILES, output_problems
 from kerple.reproduce.report import BEGIN, END
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,3 +95,34 @@ def test_tiny_reproduction_stops_resumes_and_reports(tmp_path: Path) -> None:
     assert readme.read_text().endswith(f"{END}\nrest\n")
     plot = page.parent / "images" / "reproduce_tiny_ppl_vs_length.png"
     assert plot.read_bytes()[:4] == b"\x89PNG" and "## Against the paper's Table 3" in page.read_text()
+
+
+def test_tiny_lease_sizes_its_runs_and_returns_only_its_report(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    root.mkdir()
+    source_files(root)
+    work, output, check = tmp_path / "work", tmp_path / "out" / "reproduce", tmp_path / "gpu-report.json"
+    check.write_text(json.dumps({"steps": {"4": {"metrics": {"best_tokens_per_s": {"kerple_log": 2000.0,
+                                                                                 "rotary": 2000.0}}}}}))
+    command = [sys.executable, "tools/gpu_reproduce.py", "--scale", "tiny", "--preset", "lease", "--minutes", "1.5",
+               "--pos-emb", "kerple_log,rotary", "--work", str(work), "--root", str(root), "--output", str(output),
+               "--throughput-report", str(check)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    text = run.stdout + run.stderr
+    assert run.returncode == 0, text[-3000:]
+    assert "done: kerple_log, rotary trained and evaluated" in text
+    assert sorted(path.name for path in output.rglob("*")) == sorted(REPORT_FILES) and output_problems(output) == []
+    page = (output / "report.md").read_text()
+    assert f"- **Throughput assumed**: 2,000 tokens/s for every run, from {check} (the GPU check's step 4" in page
+    assert "| 512 | " in page and "pending" not in page.split("## Perplexity")[1].split("## Time")[0]
+    report = json.loads((output / "report.json").read_text())
+    plan = report["plan"]
+    overheads = [plan["start_s"][n] + plan["checkpoint_s"] + plan["eval_s"][n] + 2 * plan["report_s"]
+                 for n in ("kerple_log", "rotary")]
+    assert report["steps"] == plan["steps"] == size_steps(plan["budget_s"], [2000.0, 2000.0], 128, overheads) >= 20
+    assert all(len(report["runs"][name]["ppl"]) == 6 for name in ("kerple_log", "rotary"))
+    assert set(report["measured"]["tokens_per_s"]) == {"kerple_log", "rotary"}
+    assert report["corpus"]["cap"]["stopped_by"] in ("cap", "sources") and report["eval_tokens"] <= 2048
+    assert "== kerple_log-train.log" in (output / "logs.txt").read_text()
+    assert (work / "runs" / "rotary" / "checkpoints" / "latest").is_file()  # the work stays outside --output
