@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask
 
 from kerple.model.flex_base import FlexKernel, ScoreMod
@@ -28,9 +29,11 @@ BLOCK_SIZE = 128  # FlexAttention's default tile
 
 
 def distance_block_mask(
-    q_len: int, k_len: int, window: int | None, device: torch.device | str, block_size: int = BLOCK_SIZE
+    q_len: int, k_len: int, window: int | None, device: torch.device | str, block_size: int = BLOCK_SIZE,
+    offset: int | None = None,
 ) -> BlockMask:
-    """Block mask of ``0 <= d < window`` for ``d = q_idx - kv_idx + (k_len - q_len)``, in O((L/block)²).
+    """Block mask of ``0 <= d < window`` for ``d = q_idx - kv_idx + offset``, in O((L/block)²);
+    ``offset`` defaults to ``k_len - q_len`` (the last query at the last key).
 
     Inside a ``[q block, kv block]`` tile the distances form the contiguous range
     ``[q_first - kv_last, q_last - kv_first] + offset``. A tile is skipped when that range misses
@@ -38,8 +41,8 @@ def distance_block_mask(
     *partial* (``mask_mod`` applied) otherwise. Equal to ``create_block_mask`` of the same
     ``mask_mod`` (tests compare them) without its dense ``[q_len, k_len]`` evaluation.
     """
-    offset = k_len - q_len
-    limit = window if window is not None else k_len + 1  # no window: every d >= 0 is allowed
+    offset = k_len - q_len if offset is None else offset
+    limit = window if window is not None else k_len + abs(offset) + 1  # no window: every d >= 0 is allowed
 
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         distance = q_idx - kv_idx + offset
@@ -104,19 +107,42 @@ class FlexAttentionKernel(FlexKernel):
     def arguments(self) -> dict[str, Any]:
         return {**super().arguments(), "closed_form": self.closed_form}
 
-    def block_mask(self, q_len: int, k_len: int, window: int | None, device: torch.device) -> BlockMask:
-        """Causal (and windowed) block mask; query ``i`` is at position ``k_len - q_len + i``."""
+    def block_mask(self, q_len: int, k_len: int, window: int | None, device: torch.device,
+                   offset: int | None = None) -> BlockMask:
+        """Causal (and windowed) block mask; query ``i`` is at position ``offset + i`` (default
+        ``k_len - q_len + i``)."""
+        offset = k_len - q_len if offset is None else offset
         return self.cached_block_mask(
-            (q_len, k_len, window, str(device)), lambda: distance_block_mask(q_len, k_len, window, device)
+            (q_len, k_len, window, str(device), offset),
+            lambda: distance_block_mask(q_len, k_len, window, device, offset=offset),
         )
 
     def __call__(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, term: LogitTerm | None, window: int | None
     ) -> torch.Tensor:
-        """``query [b, H, q, d]``, ``key``/``value [b, H, k, d]`` -> ``[b, H, q, d]``."""
+        """``query [b, H, q, d]``, ``key``/``value [b, H, k, d]`` -> ``[b, H, q, d]``.
+
+        Compiled on a CPU, queries and keys are padded with zeros to whole blocks of
+        :data:`BLOCK_SIZE` and the output cut back: Inductor's CPU FlexAttention kernel (torch 2.13)
+        returned wrong values, NaN at times, for lengths that are not whole blocks on an AVX2 CPU
+        (AMD EPYC, 2026-11-27: 40 tokens wrong in 2 of 3 runs, 40 padded to 128 right in 4 of 4). The
+        padded keys come after every real query, so the causal mask hides them; padded query rows are
+        dropped.
+        """
         q_len, k_len = query.shape[-2], key.shape[-2]
         score_mod = term_score_mod(term, k_len - q_len)
-        block_mask = self.block_mask(q_len, k_len, window, query.device)
-        if term is None:
-            return self.attend(query, key, value, score_mod, block_mask)
-        return self.attend(query, key, value, score_mod, block_mask, term.tensors, term.kind, term.gathered_bytes)
+        pad_q, pad_k = self._cpu_padding(query, q_len), self._cpu_padding(query, k_len)
+        if pad_q or pad_k:
+            query = F.pad(query, (0, 0, 0, pad_q))
+            key, value = F.pad(key, (0, 0, 0, pad_k)), F.pad(value, (0, 0, 0, pad_k))
+        block_mask = self.block_mask(q_len + pad_q, k_len + pad_k, window, query.device, offset=k_len - q_len)
+        captured = () if term is None else term.tensors
+        kind, gathered = ("none", 0) if term is None else (term.kind, term.gathered_bytes)
+        output = self.attend(query, key, value, score_mod, block_mask, captured, kind, gathered)
+        return output[..., :q_len, :] if pad_q else output
+
+    def _cpu_padding(self, query: torch.Tensor, length: int) -> int:
+        """Zeros to append to ``length`` rows for the compiled CPU kernel (0 elsewhere)."""
+        if not self.compiled or query.device.type != "cpu":
+            return 0
+        return -length % BLOCK_SIZE

@@ -54,8 +54,8 @@ def cable_term(first: int) -> TermFunction:
 
     def bias(tensors: tuple[torch.Tensor, ...], position: ScorePosition) -> torch.Tensor:
         at_query, at_key = tensors[0], tensors[1]  # (a softmax temperature appends its 1/τ after them)
-        query = position.query - first
-        key = torch.clamp(position.key - first, min=0)  # masked scores may reach before the first slot
+        query = torch.clamp(position.query - first, max=at_query.shape[-1] - 1)  # padded query rows (CPU kernel)
+        key = torch.clamp(position.key - first, 0, at_key.shape[-1] - 1)  # masked scores may reach outside
         return at_query[position.batch, position.head, query] - at_key[position.batch, position.head, key]
 
     return bias

@@ -69,3 +69,28 @@ def test_kernel_copies_keep_their_settings_and_start_empty() -> None:
     assert model._flex._block_masks
     for clone in (copy.deepcopy(model._flex), pickle.loads(pickle.dumps(model._flex))):
         assert clone.closed_form is False and clone.compiled is False and not clone._block_masks
+
+
+@pytest.mark.parametrize(("q_len", "k_len", "window"), [(40, 40, None), (1, 57, None), (33, 200, 16), (128, 128, None)])
+def test_compiled_cpu_kernel_runs_on_whole_blocks(q_len: int, k_len: int, window: int | None) -> None:
+    """Compiled on a CPU, the kernel pads queries and keys to whole 128-row blocks (Inductor's CPU
+    kernel returned wrong values for other lengths on an AVX2 machine) and returns the real rows,
+    equal to the unfused FlexAttention on the unpadded inputs, for prefill, decoding and windows."""
+    from kerple.model.flex import FlexAttentionKernel
+    from kerple.positional.logit_term import distance_table_term
+
+    seen: list[tuple[int, int]] = []
+    kernel, reference = FlexAttentionKernel(compile=True), FlexAttentionKernel(compile=False)
+
+    def recording(query, key, value, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append((query.shape[-2], key.shape[-2]))
+        return flex_base.flex_attention(query, key, value, **kwargs)  # the unfused path, on the padded inputs
+
+    kernel._compiled_attention = recording
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(2, 3, q_len, 8, generator=generator)
+    key, value = (torch.randn(2, 3, k_len, 8, generator=generator) for _ in range(2))
+    term = distance_table_term(-torch.rand(3, 1, generator=generator) * torch.arange(k_len).float(), None, torch.float32)
+    output = kernel(query, key, value, term, window)
+    assert seen == [(-(-q_len // 128) * 128, -(-k_len // 128) * 128)]
+    torch.testing.assert_close(output, reference(query, key, value, term, window), rtol=1e-5, atol=1e-6)
