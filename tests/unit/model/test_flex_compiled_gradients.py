@@ -154,3 +154,28 @@ def test_flex_kernel_refuses_an_unsafe_capture() -> None:
     view = model.positional.bias_p.reshape(HEADS)
     with pytest.raises(ValueError, match="kernel_tensor"):
         model._flex.attend(query, query, query, None, model._flex.block_mask(8, 8, None, query.device), (view,))
+
+
+def _relative_norm(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual.float() - expected.float()).norm() / expected.float().norm().clamp_min(1e-12)).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["kerple_log", "kerple_bias_wht"])
+def test_compiled_flex_in_half_precision_at_head_dim_128(name: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch,
+                                                         one_thread: None) -> None:
+    """The 1.3B head dimension in bf16 and fp16, the model cast as DeepSpeed casts it (positional tensors stay
+    fp32): compiled flex gives every positional parameter a gradient, as far from eager fp32 on the same
+    rounded weights as twice eager's own half-precision error plus the dtype's epsilon."""
+    import copy
+
+    model, tokens = _model(name, 128).to(dtype), _tokens()
+    _, reference = _run(copy.deepcopy(model).float(), "eager", tokens)
+    _, eager = _run(model, "eager", tokens)
+    with compiled_cpu_flex(monkeypatch, model._flex):
+        _, flex = _run(model, "flex", tokens)
+    epsilon = torch.finfo(dtype).eps
+    for key in (key for key in reference if key.startswith("positional.")):
+        assert flex[key] is not None, f"{key}: no gradient through compiled flex in {dtype}"
+        bound = 2 * _relative_norm(eager[key], reference[key]) + epsilon
+        assert _relative_norm(flex[key], reference[key]) <= bound, key
