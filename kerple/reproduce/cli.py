@@ -8,7 +8,7 @@
 
 ``--preset chunks`` (the default): each run of the command does what fits in ``--minutes``
 (corpus, then per embedding: train, then evaluate), asks the trainer to stop in time to write its
-checkpoint, writes the report (docs page and README section) and exits 0; the same command again
+checkpoint, writes the report (its docs page and the marked section of docs/reproducing.md) and exits 0; the same command again
 continues where it stopped. ``--minutes 0`` goes on until everything is done. ``--preset lease``:
 one short reproduction sized to ``--minutes``, its report in ``--output`` only (:mod:`.lease`).
 SIGINT/SIGTERM stop either the same way (a second one kills the running child). Exit status: 0, also
@@ -57,8 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="auto: FlexAttention for biases on CUDA, with sdpa if it fails to compile")
     parser.add_argument("--docs", type=Path, help="report page (default docs/reproduce-162m.md at full scale)")
     parser.add_argument("--readme", type=Path,
-                        help="README with a marked section to fill (default README.md at full scale)")
-    parser.add_argument("--no-readme", action="store_true", help="leave the README alone")
+                        help="a page with a marked section to fill (default docs/reproducing.md at full scale)")
+    parser.add_argument("--no-readme", action="store_true", help="leave that page alone")
     parser.add_argument("--report-only", action="store_true", help="write the report from what is on disk and exit")
     parser.add_argument("--preset", default="chunks",
                         help="chunks: toward --tokens in re-runnable chunks (default); lease: one short reproduction "
@@ -103,7 +103,7 @@ def settings_from(args: argparse.Namespace) -> tuple[Settings, Outputs]:
     full = scale.name == "full"
     default_page = REPO / "docs" / "reproduce-162m.md" if full else work / "report" / "reproduce-tiny.md"
     page = (args.docs or default_page).resolve()
-    readme = None if args.no_readme else (args.readme or (REPO / "README.md" if full else None))
+    readme = None if args.no_readme else (args.readme or (REPO / "docs" / "reproducing.md" if full else None))
     plot = page.parent / "images" / f"reproduce_{'162m' if full else scale.name}_ppl_vs_length.png"
     return settings, Outputs(page, plot, readme.resolve() if readme else None)
 

@@ -10,6 +10,7 @@ the docs page is the whole report.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -221,7 +222,8 @@ def evaluation_line(settings: Settings, state: State, corpus: Corpus) -> str:
 
 def readme_section(settings: Settings, state: State, ppl: dict[str, dict[int, float]], outputs: Outputs) -> str:
     """The text between the README's markers: status, perplexity table, timings, link to the page."""
-    page = outputs.page.relative_to(REPO) if outputs.page.is_relative_to(REPO) else outputs.page
+    base = outputs.readme.parent if outputs.readme is not None else REPO
+    page = Path(os.path.relpath(outputs.page, base)).as_posix()  # a link that works from the marked page
     return "\n\n".join([
         status_line(settings, state, ppl),
         f"Perplexity on the held-out Python files (train length {settings.scale.seq_length}, "
