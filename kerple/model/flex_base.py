@@ -139,15 +139,19 @@ class FlexKernel:
         if not is_out_of_resource(error) or not self._ladder.keys():
             return False
         for ladder_key in sorted(self._ladder.keys()):
-            phase = self._ladder.failed_phase(ladder_key, error, raised_in)
-            if not self._ladder.step_down(ladder_key, phase):
-                raise RuntimeError(
-                    f"FlexAttention's {phase} kernel does not fit {ladder_key[0]} ({ladder_key[1]}, head_dim "
-                    f"{ladder_key[2]}, {ladder_key[3]}) even at the smallest tiles under training.compile: {error}. "
-                    "Use attention_impl: sdpa or eager for this model."
-                ) from error
+            self._step_down(ladder_key, error, raised_in, " under training.compile")
         torch._dynamo.reset()  # the layers' graphs hold the failed options: trace them again
         return True
+
+    def _step_down(self, ladder_key: LadderKey, error: BaseException, raised_in: str, where: str = "") -> None:
+        """Step the phase ``error`` names down one rung; ``RuntimeError`` (from ``error``) at the bottom."""
+        phase = self._ladder.failed_phase(ladder_key, error, raised_in)
+        if not self._ladder.step_down(ladder_key, phase):
+            raise RuntimeError(
+                f"FlexAttention's {phase} kernel does not fit {ladder_key[0]} ({ladder_key[1]}, head_dim "
+                f"{ladder_key[2]}, {ladder_key[3]}) even at the smallest tiles{where}: {error}. "
+                "Use attention_impl: sdpa or eager for this model."
+            ) from error
 
     def _attend_on_ladder(self, ladder_key: LadderKey, limits: Any, qkv: tuple[torch.Tensor, ...],
                           score_mod: ScoreMod | None, block_mask: BlockMask, captured: tuple[torch.Tensor, ...],
@@ -170,13 +174,7 @@ class FlexKernel:
             except Exception as error:
                 if not is_out_of_resource(error):
                     raise
-                phase = self._ladder.failed_phase(ladder_key, error, phase)
-                if not self._ladder.step_down(ladder_key, phase):
-                    raise RuntimeError(
-                        f"FlexAttention's {phase} kernel does not fit {ladder_key[0]} ({ladder_key[1]}, head_dim "
-                        f"{ladder_key[2]}, {ladder_key[3]}) even at the smallest tiles: {error}. "
-                        "Use attention_impl: sdpa or eager for this model."
-                    ) from error
+                self._step_down(ladder_key, error, phase)
                 torch._dynamo.reset_code(flex_attention.__code__)  # drop the variants compiled with the failed options
                 self._backward_checked.clear()
                 continue
