@@ -10,15 +10,21 @@ derive its errors from it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import signal
 import sys
-from collections.abc import Callable
-from typing import ParamSpec
+from collections.abc import Callable, Iterator
+from typing import Any, ParamSpec
 
 USER_ERROR_STATUS = 2
 """Exit status of an entry point that stopped on a :class:`KerpleError` (as argparse's usage errors)."""
+
+INTERRUPTED_STATUS = 130
+"""Exit status of an entry point stopped by Ctrl-C (128 + SIGINT, what a shell reports for a process
+that SIGINT ended): a script can tell an interrupted run from a finished one (0)."""
 
 _Params = ParamSpec("_Params")
 
@@ -64,8 +70,9 @@ def show_project_log() -> None:
 
 def entry_point(prog: str) -> Callable[[Callable[_Params, int]], Callable[_Params, int]]:
     """Decorate the ``main`` of the command ``prog``: a :class:`KerpleError` becomes the line
-    ``prog: error: message`` on stderr and the return value :data:`USER_ERROR_STATUS`. The
-    project's log lines are shown (:func:`show_project_log`)."""
+    ``prog: error: message`` on stderr and the return value :data:`USER_ERROR_STATUS`; a Ctrl-C
+    (``KeyboardInterrupt``) the line ``prog: interrupted`` and :data:`INTERRUPTED_STATUS`, with no
+    traceback. The project's log lines are shown (:func:`show_project_log`)."""
 
     def decorate(main: Callable[_Params, int]) -> Callable[_Params, int]:
         @functools.wraps(main)
@@ -76,7 +83,34 @@ def entry_point(prog: str) -> Callable[[Callable[_Params, int]], Callable[_Param
             except KerpleError as error:
                 print(f"{prog}: error: {error}", file=sys.stderr)
                 return USER_ERROR_STATUS
+            except KeyboardInterrupt:
+                print(f"{prog}: interrupted", file=sys.stderr)
+                return INTERRUPTED_STATUS
 
         return run
 
     return decorate
+
+
+@contextlib.contextmanager
+def exit_on_interrupt(prog: str) -> Iterator[None]:
+    """While modules load and the config is read (the command has written nothing yet), Ctrl-C ends
+    the process at once with ``prog: interrupted`` and :data:`INTERRUPTED_STATUS`. A
+    ``KeyboardInterrupt`` raised inside an import can be swallowed by a library's bare ``except:``
+    (train.py then trained on) or leave a module half-loaded (numpy's lazy import then recursed into
+    a ``RecursionError`` traceback). Outside the main thread it does nothing."""
+
+    def stop(_signum: int, _frame: Any) -> None:
+        sys.stdout.flush()
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        os._exit(INTERRUPTED_STATUS)
+
+    try:
+        previous = signal.signal(signal.SIGINT, stop)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -10,6 +10,7 @@ when a bar that is kept (``leave=True``) closes.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
@@ -21,6 +22,10 @@ PLAIN_INTERVAL = 10.0
 
 PLAIN_FORMAT = "{desc}: {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
 PLAIN_FORMAT_OPEN = "{desc}: {n_fmt} [{elapsed}, {rate_fmt}{postfix}]"
+PLAIN_FORMAT_SHARE = "{desc}: {percentage:3.0f}% [{elapsed}<{remaining}{postfix}]"
+"""For a total that is not a count (evaluate.py's overall bar counts estimated seconds)."""
+_CURSOR_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+"""tqdm moves the cursor up (ESC [ A) to redraw a bar below another."""
 
 
 class _PlainLines:
@@ -31,7 +36,7 @@ class _PlainLines:
         self._last = ""
 
     def write(self, text: str) -> int:
-        for piece in text.split("\r"):
+        for piece in _CURSOR_CODES.sub("", text).split("\r"):
             piece = piece.rstrip()
             count = piece.split(" [", 1)[0]
             if piece and count != self._last:  # tqdm redraws the last count when it closes
@@ -43,16 +48,32 @@ class _PlainLines:
         self._stream.flush()
 
 
+class _PlainBar(tqdm):
+    """tqdm whose postfix and description changes wait for the next timed line (tqdm redraws at once
+    on ``set_postfix``, which off a terminal printed a line per batch)."""
+
+    def set_postfix(self, ordered_dict: Any = None, refresh: bool = True, **kwargs: Any) -> None:
+        super().set_postfix(ordered_dict, refresh=False, **kwargs)
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        super().set_postfix_str(s, refresh=False)
+
+    def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
+        super().set_description(desc, refresh=False)
+
+
 def progress_bar(iterable: Iterable[Any] | None = None, **options: Any) -> tqdm:
     """``tqdm(iterable, **options)`` on stderr: the usual bar on a terminal, plain lines elsewhere
     (``disable=True`` turns it off; ``disable=None``, tqdm's "only on a terminal", shows plain lines
-    off one)."""
+    off one). Off a terminal a total that is not a whole number is shown as a percentage."""
     stream = sys.stderr
     if options.get("disable") is True or stream.isatty():
         return tqdm(iterable, file=stream, **options)
     options.pop("dynamic_ncols", None)
     total = options.get("total", len(iterable) if hasattr(iterable, "__len__") else None)  # type: ignore[arg-type]
-    options.update(disable=False, ascii=True, bar_format=PLAIN_FORMAT if total else PLAIN_FORMAT_OPEN)
+    counted = total is None or float(total).is_integer()
+    options.update(disable=False, ascii=True,
+                   bar_format=PLAIN_FORMAT_OPEN if not total else PLAIN_FORMAT if counted else PLAIN_FORMAT_SHARE)
     options.setdefault("mininterval", PLAIN_INTERVAL)
     options.setdefault("delay", PLAIN_INTERVAL)
-    return tqdm(iterable, file=_PlainLines(stream), **options)
+    return _PlainBar(iterable, file=_PlainLines(stream), **options)

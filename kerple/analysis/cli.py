@@ -225,6 +225,9 @@ def run_nope_variance(args: argparse.Namespace) -> None:
         variance = nope_variance.trained_model_variance(model, windows, progress=not args.no_progress)
         doc["trained"] = {"load": folder, "iteration": iteration, "variance": variance}
         curves[f"checkpoint (step {iteration})"] = doc["trained"]["variance"]
+    shown = sorted({1, max(args.length // 4, 1), max(args.length // 2, 1), args.length})  # positions m
+    for label, curve in curves.items():
+        print(f"{label}: " + "  ".join(f"m={m}: {curve[m - 1]:.4g}" for m in shown), file=sys.stderr)
     outputs(args, doc, nope_variance.plot_variance(curves, f"First-layer attention output ({cfg.positional.pos_emb})"))
 
 

@@ -87,12 +87,21 @@ def kerple_config(config: dict[str, Any], state: dict[str, torch.Tensor], common
         "norm": config.get("norm", "layernorm"),
         "layer_norm_eps": norm_epsilon(config),
         "use_parallel_residual": bool(config.get("gpt_j_residual", False)),
-        "max_position_embeddings": int(config.get("max_position_embeddings") or config.get("seq_length") or 2048),
+        # a learned table's rows are the one limit on the input length; for every other embedding the
+        # training length is no limit, and transformers warns about any input past max_position_embeddings
+        "max_position_embeddings": learned_table_rows(state),
+        "training_length": int(config["seq_length"]) if config.get("seq_length") else None,
         "attention_window": config.get("attention_window"),
         "positional_embedding": str(config.get("pos_emb", "learned")),
         "positional": positional_description(config, state),
         **common,
     }
+
+
+def learned_table_rows(state: dict[str, torch.Tensor]) -> int | None:
+    """The rows of the learned absolute position table in ``state``; ``None`` without one."""
+    table = state.get("positional.position_embeddings.weight")
+    return None if table is None else int(table.shape[0])
 
 
 def write_remote_code(folder: Path) -> None:

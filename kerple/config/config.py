@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,7 +12,7 @@ import yaml
 
 from kerple.atomic import atomic_path
 from kerple.config import messages, validate
-from kerple.config.errors import DEFAULT, ConfigError
+from kerple.config.errors import DEFAULT, SOURCES_COMMENT, ConfigError
 from kerple.config.neox_keys import DERIVED_KEYS, FIELDS, FREE_BLOCKS, KEY_INDEX, field_default, key_of, normalize_key
 from kerple.config.sections import (
     AttentionConfig,
@@ -191,9 +192,14 @@ class Config:
         """The derived values by key (``padded_vocab_size``, ``head_dim``, ``zero_stage``, ...)."""
         return {key: getattr(getattr(self, ref.section), ref.name) for key, ref in DERIVED_KEYS.items()}
 
-    def save_yaml(self, path: str | os.PathLike) -> None:
-        """Write :meth:`to_dict` as YAML to ``path`` atomically (temporary file, then rename)."""
+    def save_yaml(self, path: str | os.PathLike, *, sources: bool = False) -> None:
+        """Write :meth:`to_dict` as YAML to ``path`` atomically (temporary file, then rename). With
+        ``sources``, a first comment line records where each value came from (the file and the key as
+        written there), so that errors of a command reading this file name the user's files
+        (``deepy.py``'s resolved config: :data:`kerple.config.loader.SOURCES_COMMENT`)."""
         with atomic_path(path) as temporary:
             with open(temporary, "w", encoding="utf-8") as stream:
+                if sources:
+                    stream.write(SOURCES_COMMENT + json.dumps(self.sources, separators=(",", ":")) + "\n")
                 yaml.safe_dump(self.to_dict(), stream, sort_keys=False, default_flow_style=False)
 

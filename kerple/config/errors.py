@@ -13,6 +13,10 @@ THIS_COMMAND = "<this command>"
 DEFAULT = "<default>"
 """Source label of values nobody set (the dataclass default)."""
 
+SOURCES_COMMENT = "# kerple sources: "
+"""First line of a resolved config that records each value's file and key (JSON after it): a
+command reading that file reports the user's files, not the resolved one."""
+
 
 class ConfigError(KerpleError, ValueError):
     """A configuration that cannot be used, with the file and the key at fault.

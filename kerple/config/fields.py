@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -161,12 +162,15 @@ def check_value(value: Any, hint: Any) -> Any:
 
 
 def check_bounds(value: Any, metadata: typing.Mapping[str, Any]) -> str | None:
-    """Why a number is outside the field's ``minimum``/``maximum``, or ``None`` when it is inside."""
+    """Why a number is outside the field's ``minimum``/``maximum``, or ``None`` when it is inside. NaN
+    and the infinities are outside every field (a NaN learning rate reached the optimizer on rank 0)."""
     low, high = metadata.get("minimum"), metadata.get("maximum")
     numbers = value if isinstance(value, list) else [value]
     for number in numbers:
         if not isinstance(number, (int, float)) or isinstance(number, bool):
             continue
+        if not math.isfinite(number):
+            return f"must be a finite number, got {number}"
         if low is not None and number < low:
             return f"must be >= {low}, got {number}"
         if high is not None and number > high:

@@ -15,6 +15,7 @@ the same logger (:func:`kerple.config.neox_checks.compatibility_note`); entry po
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -25,9 +26,9 @@ from typing import Any
 import yaml
 
 from kerple.config.config import Config
-from kerple.config.errors import COMMAND_LINE, THIS_COMMAND, ConfigError
+from kerple.config.errors import COMMAND_LINE, DEFAULT, SOURCES_COMMENT, THIS_COMMAND, ConfigError
 from kerple.config.neox_checks import compatibility_note
-from kerple.config.neox_keys import FREE_BLOCKS, Entry, flatten, key_of, normalize_key
+from kerple.config.neox_keys import FREE_BLOCKS, KEY_INDEX, Entry, flatten, key_of, normalize_key
 from kerple.config.sections import SECTIONS
 
 logger = logging.getLogger("kerple.config")
@@ -100,6 +101,9 @@ def read_yaml(path: str | os.PathLike) -> dict:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
+        if not Path(path).exists() and normalize_key(source) in KEY_INDEX:  # `train_iters` meant as an override
+            raise ConfigError(f"an override needs a value (no file has this name): write {source}=VALUE",
+                              file=COMMAND_LINE, key=source) from None
         raise ConfigError(f"cannot read the file: {error.strerror or error}", file=source) from None
     except UnicodeDecodeError as error:
         line = Path(path).read_bytes()[: error.start].count(b"\n") + 1
@@ -186,7 +190,8 @@ def load_config(
     """
     merged: dict[str, Entry] = {}
     for path in paths:
-        _merge_into(merged, flatten(read_yaml(path), str(path)))
+        entries = flatten(read_yaml(path), str(path))
+        _merge_into(merged, _recorded_sources(path, entries))
     if overrides:
         _merge_into(merged, flatten(dict(overrides), COMMAND_LINE))
     if fixed:
@@ -196,6 +201,24 @@ def load_config(
     if note:
         logger.info("%s", note)
     return cfg
+
+
+def _recorded_sources(path: str | os.PathLike, entries: dict[str, Entry]) -> dict[str, Entry]:
+    """``entries`` of ``path`` with the sources its first line records (a resolved config written by
+    ``Config.save_yaml(sources=True)``); a value the record does not name was a default."""
+    with open(path, encoding="utf-8") as stream:
+        first = stream.readline()
+    if not first.startswith(SOURCES_COMMENT):
+        return entries
+    try:
+        recorded = json.loads(first[len(SOURCES_COMMENT):])
+    except ValueError:
+        return entries
+    restored = {}
+    for ident, entry in entries.items():
+        source, written = recorded.get(ident, (DEFAULT, key_of(ident)))
+        restored[ident] = Entry(entry.value, str(source), str(written))
+    return restored
 
 
 def split_arguments(arguments: Iterable[str]) -> tuple[list[str], list[str]]:

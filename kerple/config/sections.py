@@ -423,7 +423,8 @@ class TrainingConfig:
     train_batch_size: int | None = setting(
         None, "Global batch: micro_batch_size x gradient_accumulation_steps x data_parallel_size.", minimum=1
     )
-    train_iters: int = setting(50000, "Optimizer steps to train; 0 means evaluation only.", minimum=0)
+    train_iters: int = setting(50000, "Optimizer steps to train; 0 means evaluation only. At most 1e8 (2,000 "
+                               "times the paper's 50,000).", minimum=0, maximum=100_000_000)
     seed: int = setting(1234, "Random seed (initialisation, data order, dropout).")
     gradient_clipping: float = setting(
         0.0,

@@ -56,10 +56,19 @@ def num_epochs_needed(tokens_per_epoch: int, seq_length: int, num_samples: int) 
     """Smallest epoch count whose tokens give ``num_samples`` windows of ``seq_length + 1``."""
     if tokens_per_epoch <= 0:
         raise DataError("the selected documents contain no tokens")
-    epochs = 1
-    while (epochs * tokens_per_epoch - 1) // seq_length < num_samples:
-        epochs += 1
-    return epochs
+    # (epochs * tokens_per_epoch - 1) // seq_length >= num_samples  <=>  epochs * tokens_per_epoch >= num_samples * seq_length + 1
+    return max(1, -(-(num_samples * seq_length + 1) // tokens_per_epoch))
+
+
+INDEX_MAP_MAX_BYTES = 8 * 2**30
+"""Memory the index maps of one split may take while they are built (8 GiB: 162M's 50,000 steps
+of 32 samples need 40 MB). A larger need is an absurd ``train_iters`` or batch, refused by name."""
+
+
+def index_map_bytes(num_documents: int, epochs: int, num_samples: int) -> int:
+    """Peak bytes of :func:`build_doc_idx`, :func:`build_sample_idx` and :func:`build_shuffle_idx`:
+    about 20 bytes per tiled document and 28 per sample (their int32/int64 arrays and temporaries)."""
+    return 20 * num_documents * epochs + 28 * (num_samples + 1)
 
 
 def build_sample_idx(
@@ -131,6 +140,14 @@ def build_index_mappings(
             raise DataError(f"{base}_*.npy: unreadable index-map cache ({error}); delete it") from error
     tokens_per_epoch = int(sizes[documents].astype(np.int64).sum())
     epochs = num_epochs_needed(tokens_per_epoch, seq_length, num_samples)
+    needed = index_map_bytes(len(documents), epochs, num_samples)
+    if needed > INDEX_MAP_MAX_BYTES:
+        raise DataError(
+            f"{data_prefix}: the {name} split's sample index for {num_samples:,} samples of {seq_length} tokens "
+            f"({epochs:,} epochs of its {tokens_per_epoch:,} tokens) would take {needed / 2**30:,.0f} GiB, above the "
+            f"{INDEX_MAP_MAX_BYTES // 2**30} GiB allowed; lower train_iters (samples = train_iters x global batch"
+            f"{'' if name == 'train' else ', and eval_iters for validation'}) or use more data"
+        )
     rng = np.random.RandomState(seed=seed)
     doc_idx = build_doc_idx(documents, epochs, rng)
     sample_idx = build_sample_idx(sizes, doc_idx, seq_length, epochs * tokens_per_epoch)

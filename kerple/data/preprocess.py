@@ -4,13 +4,16 @@ Layout written for ``prepare_data.py NAME`` (``-d DATA_DIR``, default ``data``):
 
     DATA_DIR/NAME/NAME_text_document.{bin,idx}         every document: train, then valid, then test
     DATA_DIR/NAME/NAME_{train,valid,test}_text_document.{bin,idx}   the same documents per split
-    DATA_DIR/NAME/NAME_text_document.info.json          tokenizer, counts, the exact split string
+    DATA_DIR/NAME/NAME_text_document.info.json          tokenizer, counts, the exact split string,
+                                                         the held-out documents' names
     DATA_DIR/tokenizers/                                 fetched tokenizer files
 
-The combined file is ordered so that the reference's contiguous ``split`` ranges (``949,50,1`` by
-default for held-out sources) select exactly the held-out documents, so both ``data-path`` +
-``split`` and ``train-/valid-/test-data-paths`` work. Sources without held-out parts (one stream)
-write only the combined file.
+The combined file is ordered so that the reference's contiguous ``split`` ranges select exactly the
+held-out documents: the ``split`` string the info file gives is ``--split`` (``949,50,1`` by
+default) when that reproduces the counts, else the counts themselves (a held-out part is filled to
+:data:`kerple.data.sources.HELD_OUT_MIN_BYTES`), so both ``data-path`` + that ``split`` and
+``train-/valid-/test-data-paths`` work. Sources without held-out parts (one stream) write only the
+combined file.
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ class PrepareResult:
     append_eod: bool = True
     requested_split: str = "949,50,1"
     source: dict[str, Any] = field(default_factory=dict)
+    documents: dict[str, list[str]] = field(default_factory=dict)
+    """The held-out parts' document names in stored order (``evaluate.py --per-document`` prints them)."""
 
     @property
     def tokens(self) -> int:
@@ -162,6 +167,9 @@ def tokenize_corpus(corpus: Corpus, tokenizer: Tokenizer, prefix: str | Path, wo
     stem = prefix[: -len("_text_document")] if prefix.endswith("_text_document") else prefix
     result.split_prefixes = {name: f"{stem}_{name}_text_document" for name in split_parts}
     stats = ReadStats()
+    named = {part: names for part, names in corpus.names.items() if part in ("valid", "test")}
+    read_so_far = {part: 0 for part in named}  # documents of the part read, empty ones included
+    result.documents = {part: [] for part in named}
     writers = {name: IndexedDatasetWriter(path, dtype) for name, path in result.split_prefixes.items()}
     combined = IndexedDatasetWriter(prefix, dtype)
     started = time.perf_counter()
@@ -172,6 +180,10 @@ def tokenize_corpus(corpus: Corpus, tokenizer: Tokenizer, prefix: str | Path, wo
                 counts = result.parts.setdefault(part, PartCounts())
                 offset = 0
                 for length in lengths.tolist():
+                    if part in named:
+                        read_so_far[part] += 1
+                        if length:
+                            result.documents[part].append(named[part][read_so_far[part] - 1])
                     if length == 0:
                         result.skipped_empty += 1
                         continue
@@ -322,6 +334,11 @@ def check_options(args: argparse.Namespace) -> None:
     """Refuse option values and combinations that cannot do what they say, before any work."""
     if args.workers < 1:
         raise DataError(f"--workers {args.workers}: must be at least 1")
+    try:
+        split_boundaries(args.split, 1)
+    except DataError:
+        raise DataError(f"--split {args.split}: expected the train, valid and test weights, non-negative with a "
+                        "positive sum, e.g. 949,50,1") from None
     if not 0 <= args.max_invalid_bytes <= 1:
         raise DataError(f"--max-invalid-bytes {args.max_invalid_bytes}: a share between 0 and 1 (0.01 = 1%)")
     if args.limit is not None and args.limit < 1:

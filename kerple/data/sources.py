@@ -30,6 +30,12 @@ from kerple.data.readers import ReadStats, decode_utf8_counting, iter_jsonl, rea
 
 DocumentStream = Callable[[ReadStats], Iterator[str]]
 TEX_MIN_BYTES = 8192
+HELD_OUT_MIN_BYTES = 256 * 1024
+"""Bytes a held-out part (valid, test) holds at least: about 65,000 tokens at 4 bytes a token, several
+windows of 16,384 (the longest length of KERPLE's Table 3). By document count alone, the test share of
+"949,50,1" is 2 files of the standard library (138 tokens), too few for any train length."""
+HELD_OUT_MAX_SHARE = 0.05
+"""The floor above never takes more than this share of a corpus's bytes for one part (small corpora)."""
 
 
 @dataclass
@@ -39,6 +45,8 @@ class Corpus:
 
     parts: dict[str, DocumentStream]
     details: dict[str, Any] = field(default_factory=dict)
+    names: dict[str, list[str]] = field(default_factory=dict)
+    """Per part, the name of each document its stream yields (a local source's file keys), where known."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,13 @@ class DocumentRef:
             raise DataError(f"{where}: corrupt or truncated zip archive ({error}); fetch it again") from None
         except (OSError, KeyError) as error:
             raise DataError(f"{where}: cannot read document ({error})") from error
+
+    def size(self) -> int:
+        """The document's stored size in bytes (of the file, or of the zip member uncompressed)."""
+        if self.member is not None:
+            with zipfile.ZipFile(self.path) as archive:
+                return archive.getinfo(self.member).file_size
+        return self.path.stat().st_size
 
 
 @dataclass(frozen=True)
@@ -93,18 +108,31 @@ def path_hash(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
-def hold_out(refs: Sequence[DocumentRef], split: str) -> dict[str, list[DocumentRef]]:
-    """Assign documents to train/valid/test by path hash, in exactly the counts that ``split``
-    gives the reference's contiguous ranges, so ``data-path`` + ``split`` and the separate
-    per-split files hold the same documents. Within a split, documents are ordered by key."""
+def hold_out(refs: Sequence[DocumentRef], split: str,
+             min_bytes: int = HELD_OUT_MIN_BYTES) -> dict[str, list[DocumentRef]]:
+    """Assign documents to train/valid/test by path hash: test takes the first documents in hash
+    order, valid the next, train the rest. Each held-out part gets the count that ``split`` gives the
+    reference's contiguous ranges, and while a part with a positive share holds fewer than
+    ``min_bytes`` (at most :data:`HELD_OUT_MAX_SHARE` of the corpus) it takes the next document too.
+    The written ``split`` string gives the resulting counts, so ``data-path`` + ``split`` and the
+    separate per-split files hold the same documents. Within a split, documents are ordered by key."""
     bounds = split_boundaries(split, len(refs))
     counts = {name: bounds[i + 1] - bounds[i] for i, name in enumerate(SPLIT_NAMES)}
     ranked = sorted(refs, key=lambda ref: path_hash(ref.key))
-    test = ranked[: counts["test"]]
-    valid = ranked[counts["test"]: counts["test"] + counts["valid"]]
-    train = ranked[counts["test"] + counts["valid"]:]
-    return {name: sorted(group, key=lambda ref: ref.key) for name, group in
-            (("train", train), ("valid", valid), ("test", test))}
+    sizes = [ref.size() for ref in ranked] if min_bytes > 0 else [0] * len(ranked)
+    floor = min(min_bytes, HELD_OUT_MAX_SHARE * sum(sizes))
+    keep_for_train = 1 if counts["train"] else 0
+    groups: dict[str, list[DocumentRef]] = {}
+    start = 0
+    for name in ("test", "valid"):
+        end = start + counts[name]
+        if counts[name]:
+            while sum(sizes[start:end]) < floor and end < len(ranked) - keep_for_train:
+                end += 1
+        groups[name] = ranked[start:end]
+        start = end
+    groups["train"] = ranked[start:]
+    return {name: sorted(groups[name], key=lambda ref: ref.key) for name in SPLIT_NAMES}
 
 
 def _stream_refs(refs: Sequence[DocumentRef]) -> DocumentStream:
@@ -129,7 +157,8 @@ def local_corpus(refs: Sequence[DocumentRef], split: str, limit: int | None, wha
     if not chosen:
         raise DataError(f"{what}: no documents found")
     groups = hold_out(chosen, split)
-    return Corpus({name: _stream_refs(groups[name]) for name in SPLIT_NAMES})
+    return Corpus({name: _stream_refs(groups[name]) for name in SPLIT_NAMES},
+                  names={name: [ref.key for ref in groups[name]] for name in SPLIT_NAMES})
 
 
 def stdlib_refs(root: str | Path | None = None) -> list[DocumentRef]:

@@ -102,11 +102,35 @@ def load_split_documents(cfg: Any, split: str) -> list[np.ndarray]:
     return documents
 
 
+def document_names(cfg: Any, split: str, count: int) -> list[str] | None:
+    """The names of ``split``'s ``count`` documents (a local source's file keys) from the dataset's
+    ``info.json`` (``prepare_data.py`` records the held-out parts'), or ``None`` when it holds none
+    for exactly these documents."""
+    import json
+
+    separate = getattr(cfg.data, f"{split}_data_paths", None)
+    if separate:
+        prefix = str(separate[0] if isinstance(separate, (list, tuple)) else separate)
+        prefix = prefix.replace(f"_{split}_text_document", "_text_document")  # the combined file's info
+    else:
+        path = cfg.data.data_path
+        prefix = str(path[0] if isinstance(path, (list, tuple)) else path)
+    try:
+        info = json.loads(Path(f"{prefix}.info.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not separate and info.get("split") != cfg.data.split:
+        return None  # another split string selects other documents
+    names = (info.get("documents") or {}).get(split)
+    return list(names) if isinstance(names, list) and len(names) == count else None
+
+
 def dataset_name(cfg: Any) -> str:
-    """A short dataset name from the data path: ``data/github/github_text_document`` -> ``github``."""
+    """A short dataset name from the data path: ``data/github/github_text_document`` -> ``github`` (and
+    ``data/stdlib/stdlib_valid_text_document``, a separate validation file, -> ``stdlib``)."""
     path = getattr(cfg.data, "valid_data_paths", None) or cfg.data.data_path
     path = path[0] if isinstance(path, (list, tuple)) else path
-    return Path(str(path)).name.removesuffix("_text_document") if path else "unknown"
+    return Path(str(path)).name.removesuffix("_text_document").removesuffix("_valid") if path else "unknown"
 
 
 # --- memory ---------------------------------------------------------------------------------

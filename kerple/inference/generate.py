@@ -12,7 +12,11 @@ keeps the last W keys/values (thesis §4.9.2). Temperature 0 is greedy decoding.
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+import logging
+import math
+import sys
+from collections.abc import Callable
+from typing import Any, Sequence, TextIO
 
 import torch
 from torch import nn
@@ -20,11 +24,17 @@ from torch import nn
 from kerple.cli import add_config_arguments
 from kerple.errors import KerpleError, entry_point
 from kerple.positional.base import PositionKind
+from kerple.config import split_arguments
 from kerple.runs import load_run, resolve_device, run_config
 
 
 class GenerationError(KerpleError):
     """The generation asked for cannot run (prompt, length or cache window); the message says why."""
+
+
+MAX_NEW_TOKENS = 65_536
+"""Most tokens one ``generate.py`` call produces: 4x the longest length KERPLE's Table 3 evaluates
+(16,384). A KV cache of 162M's 12 layers at this length takes 4.8 GB in fp32."""
 
 
 def sample_next(
@@ -81,13 +91,15 @@ def generate(
     eos_token_id: int | None = None,
     vocab_limit: int | None = None,
     use_cache: bool = True,
+    on_token: Callable[[torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     """Continue ``prompt [b, s]`` (int64) by up to ``max_new_tokens``; returns ``[b, s + n]``.
 
     ``use_cache=False`` recomputes the whole sequence every step (the slow reference path, with
     ``attention_window = cache_window`` so both paths compute the same function).
     ``vocab_limit`` masks the padded vocabulary rows (ids >= the tokenizer's size).
-    Generation stops early once every row has produced ``eos_token_id``.
+    Generation stops early once every row has produced ``eos_token_id``. ``on_token`` receives each
+    step's new tokens ``[b]`` as they are chosen (``generate.py`` prints them as they come).
     """
     if prompt.dim() != 2 or prompt.shape[1] < 1:
         raise ValueError(f"prompt must be [batch, length >= 1], got {tuple(prompt.shape)}")
@@ -110,6 +122,8 @@ def generate(
                 token = torch.where(finished, torch.full_like(token, eos_token_id), token)
                 finished |= token == eos_token_id
             sequence = torch.cat([sequence, token[:, None]], dim=1)
+            if on_token is not None:
+                on_token(token)
             if eos_token_id is not None and bool(finished.all()):
                 break
             if use_cache:
@@ -131,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--load", required=True, help="checkpoint directory (kerple, GPT-NeoX/KERPLE, or a HF export)")
     parser.add_argument("--iteration", type=int, help="checkpoint iteration (default: the 'latest' tag)")
     parser.add_argument("--prompt", required=True, help="text to continue")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=64, help=f"at most {MAX_NEW_TOKENS:,} (default 64)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
     parser.add_argument("--top-p", type=float, help="nucleus sampling mass")
@@ -145,9 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
 def check_arguments(args: argparse.Namespace) -> None:
     """Refuse sampling settings that cannot mean anything (``GenerationError`` naming the flag)."""
     checks = (
-        ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens is not None and args.max_new_tokens < 1,
-         "an integer of at least 1"),
-        ("--temperature", args.temperature, not args.temperature >= 0, "a number >= 0 (0 = greedy)"),
+        ("--max-new-tokens", args.max_new_tokens,
+         args.max_new_tokens is not None and not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS,
+         f"an integer from 1 to {MAX_NEW_TOKENS:,} (4x the paper's longest evaluation length)"),
+        ("--temperature", args.temperature, not (args.temperature >= 0 and math.isfinite(args.temperature)),
+         "a finite number >= 0 (0 = greedy)"),
         ("--top-p", args.top_p, args.top_p is not None and not 0 < args.top_p <= 1, "a number in (0, 1]"),
         ("--top-k", args.top_k, args.top_k is not None and args.top_k < 0, "an integer >= 0 (0 = no limit)"),
         ("--cache-window", args.cache_window, args.cache_window is not None and args.cache_window < 1,
@@ -159,13 +175,78 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise GenerationError(f"{flag} {value}: expected {expected}")
 
 
-def run(args: argparse.Namespace) -> str:
-    """Check the flags, load config, tokenizer and weights; return the generated text (prompt included)."""
+class TextStream:
+    """Writes a prompt's text, then each generated token's text as it comes, to ``stream``.
+
+    A token's text is read off the decoding of the tokens since the last written line (with one token
+    before them, so that a SentencePiece word keeps its leading space); a token that ends inside a
+    UTF-8 character waits for the next one. :meth:`close` writes what is left and a final newline; the
+    whole is the decoding of all the tokens at once.
+    """
+
+    def __init__(self, tokenizer: Any, prompt_ids: list[int], stream: TextIO) -> None:
+        self.tokenizer, self.stream = tokenizer, stream
+        self.ids = list(prompt_ids)
+        self.anchor = len(self.ids)  # the text of the tokens before it is written
+        self.written = ""  # the text of the tokens from the anchor on that is written
+        self._write(tokenizer.detokenize(self.ids))
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+    def _pending(self) -> str:
+        context = self.ids[max(self.anchor - 1, 0): self.anchor]
+        return self.tokenizer.detokenize(context + self.ids[self.anchor:])[len(self.tokenizer.detokenize(context)):]
+
+    def push(self, token: torch.Tensor) -> None:
+        self.ids.append(int(token[0]))
+        text = self._pending()
+        if text.endswith("\ufffd") or not text.startswith(self.written):
+            return
+        self._write(text[len(self.written):])
+        self.written = text
+        if text.endswith("\n") or len(self.ids) - self.anchor >= 256:  # keeps each decoding short
+            self.anchor, self.written = len(self.ids), ""
+
+    def close(self) -> None:
+        text = self._pending()
+        rest = text[len(self.written):] if text.startswith(self.written) else text
+        self._write(rest + "\n")
+
+
+def check_tokenizer_matches_checkpoint(cfg: Any, args: argparse.Namespace) -> None:
+    """Warn when the YAML files name a ``tokenizer_type`` other than the one in the checkpoint's own
+    ``configs/`` (the text would be decoded with the wrong tokenizer: garbage)."""
+    from kerple.checkpoint.files import checkpoint_config_files
+    from kerple.config import load_config
+
+    if not split_arguments(args.configs)[0]:
+        return  # the run's own config is used
+    log = logging.getLogger("kerple.config")
+    level, log.level = log.level, logging.WARNING  # the stored config's own notes are not this run's
+    try:
+        stored = checkpoint_config_files(args.load, args.iteration)
+        trained = load_config(stored).data.tokenizer_type
+    except (KerpleError, OSError):
+        return  # a Hugging Face export or a checkpoint without configs/: nothing to compare with
+    finally:
+        log.setLevel(level)
+    if trained != cfg.data.tokenizer_type:
+        print(f"generate.py: warning: tokenizer_type {cfg.data.tokenizer_type} ({cfg.provenance('data.tokenizer_type')[0]}) "
+              f"is not the checkpoint's {trained} ({stored[0]}): the text will be decoded wrongly; give no YAML files "
+              "to use the run's own config, or set tokenizer_type and its files to the checkpoint's", file=sys.stderr)
+
+
+def run(args: argparse.Namespace, stream: TextIO | None = None) -> str:
+    """Check the flags, load config, tokenizer and weights; return the generated text (prompt included),
+    written to ``stream`` as it comes when one is given."""
     from kerple.data.tokenizers import check_vocabulary_fits, configured_tokenizer
     from kerple.model import family_of
 
     check_arguments(args)
     cfg = run_config(args.configs, args.load, args.iteration).cfg
+    check_tokenizer_matches_checkpoint(cfg, args)
     family = family_of(cfg)
     if args.cache_window is not None and not family.kv_cache:
         raise GenerationError(f"--cache-window: model.arch {family.name} has no KV cache; drop the option")
@@ -181,6 +262,7 @@ def run(args: argparse.Namespace) -> str:
     if not ids:
         raise GenerationError(f"--prompt {args.prompt!r} tokenizes to no tokens; give some text")
     generator = torch.Generator(device=device).manual_seed(args.seed)
+    streamed = TextStream(tokenizer, ids, stream) if stream is not None else None
     output = generate(
         model,
         torch.tensor([ids], dtype=torch.long, device=device),
@@ -193,12 +275,16 @@ def run(args: argparse.Namespace) -> str:
         generator=generator,
         eos_token_id=tokenizer.eod,
         vocab_limit=tokenizer.vocab_size,
+        on_token=None if streamed is None else streamed.push,
     )
+    if streamed is not None:
+        streamed.close()
     return tokenizer.detokenize(output[0].tolist())
 
 
 @entry_point("generate.py")
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``generate.py``; prints the text, or the error and returns 2."""
-    print(run(build_parser().parse_intermixed_args(argv)))
+    """Entry point of ``generate.py``; prints the text as it is generated, ending with a newline, or the
+    error and returns 2."""
+    run(build_parser().parse_intermixed_args(argv), stream=sys.stdout)
     return 0

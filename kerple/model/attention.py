@@ -88,17 +88,23 @@ def unsupported_reason(impl: str, kind: PositionKind | str, device_type: str, tr
     kind = PositionKind(kind)
     if impl not in ATTENTION_IMPLS:
         return f"unknown attention_impl {impl!r}; choose one of {', '.join(ATTENTION_IMPLS)}"
+    reason = _limitation(impl, kind, device_type, training)
+    if reason is None:
+        return None
+    # only what serves this embedding here: a weight kernel's sdpa on a CPU once suggested flex, which
+    # CPU training refuses
+    usable = [other for other in ATTENTION_IMPLS if other not in (impl, "auto")
+              and _limitation(other, kind, device_type, training) is None]
+    return f"{reason}; use attention_impl: {' or '.join(usable + ['auto'])}"
+
+
+def _limitation(impl: str, kind: PositionKind, device_type: str, training: bool) -> str | None:
+    """What keeps ``impl`` from serving ``kind`` here, without the alternatives."""
     if impl == "sdpa" and kind == PositionKind.WEIGHT:
-        return (
-            "a weight kernel multiplies the attention logits (scores * logit_scale + bias), which "
-            "scaled_dot_product_attention cannot express as an additive mask; use attention_impl: "
-            "eager or flex"
-        )
+        return ("a weight kernel multiplies the attention logits (scores * logit_scale + bias), which "
+                "scaled_dot_product_attention cannot express as an additive mask")
     if impl == "flex" and training and device_type == "cpu":
-        return (
-            "FlexAttention has no backward on CPU in torch 2.13; use attention_impl: eager or sdpa "
-            "for training, flex for evaluation"
-        )
+        return "FlexAttention has no backward on CPU in torch 2.13 (it serves evaluation there)"
     return None
 
 

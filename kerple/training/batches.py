@@ -75,7 +75,9 @@ def build_feeds(cfg: Any, parallel: Any) -> tuple[BatchFeed | None, BatchFeed | 
     micro, accumulation = int(training.micro_batch_size), int(training.gradient_accumulation_steps)
     train_iters = int(training.train_iters)
     global_batch = micro * accumulation * parallel.data_parallel_size
-    num_samples = neox_num_samples(train_iters, global_batch, int(training.eval_interval), int(training.eval_iters))
+    train_samples, valid_samples, _test = neox_num_samples(train_iters, global_batch, int(training.eval_interval),
+                                                           int(training.eval_iters))
+    num_samples = (train_samples, valid_samples, 0)  # the trainer never reads the test split: it is evaluate.py's
     if parallel.is_main:
         datasets = build_datasets_from_config(cfg, num_samples)
     parallel.barrier()

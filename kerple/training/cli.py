@@ -6,9 +6,14 @@ several; each reads the same resolved config). ``deepy.py train.py [-d DIR] <yml
 resolved YAML, and starts one process per rank through the DeepSpeed launcher (CUDA) or
 ``torch.distributed.run`` (CPU, gloo), each given that one file.
 
-Exit status: 0 done (also after a clean stop on SIGTERM/SIGINT); 2 a config, data, checkpoint or
-training error (one line ``prog: error: message`` on stderr, :func:`kerple.errors.entry_point`).
-Any other exception is a bug and ends the process with its traceback.
+Exit status: 0 done, also after a clean stop on SIGTERM (a scheduler's preemption or the end of a
+``tools/gpu_reproduce.py`` chunk: the checkpoint is written and the same command resumes, so the job
+did what it was asked); 130 (128 + SIGINT, as a shell reports) after a stop by Ctrl-C, also when it
+comes before training started (one line, no traceback: :data:`kerple.errors.INTERRUPTED_STATUS`);
+2 a config, data, checkpoint or training error (one line ``prog: error: message`` on stderr,
+:func:`kerple.errors.entry_point`). Any other exception is a bug and ends the process with its
+traceback. The heavy imports (torch, DeepSpeed) come after the command line is read, so ``--help``
+is quick and a Ctrl-C while they load is reported like any other.
 """
 
 from __future__ import annotations
@@ -22,11 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kerple.config import load_config, parse_overrides, split_arguments
 from kerple.cli import add_config_arguments
-from kerple.errors import UsageError, entry_point
+from kerple.errors import INTERRUPTED_STATUS, KerpleError, UsageError, entry_point, exit_on_interrupt
 from kerple.outputs import check_output_folder
-from kerple.parallel.groups import prepare_environment
 
 
 def planned_world_size(cfg: Any, num_gpus: int | None = None) -> int:
@@ -94,25 +97,29 @@ def train_main(argv: list[str]) -> int:
     known, unknown = parser.parse_known_intermixed_args(argv)
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (train.py's flags: --dry-run, --trust-checkpoint)")
-    paths, overrides = split_arguments(known.configs)
-    if known.local_rank is not None:
-        os.environ.setdefault("LOCAL_RANK", str(known.local_rank))
-    if not paths:
-        parser.error("give at least one YAML config file")
-    cfg = load_config(paths, parse_overrides(overrides))
-    if known.dry_run:
-        cfg.resolve_batch(planned_world_size(cfg))
-        print(dry_run_report(cfg))
-        return 0
-    prepare_environment()
-    cfg.resolve_batch(int(os.environ.get("WORLD_SIZE", "1")))  # a layout these processes cannot run fails here, once
-    check_run_folders(cfg)
-    from kerple.training.trainer import run_training
+    with exit_on_interrupt("train.py"):  # nothing is written until run_training
+        from kerple.config import load_config, parse_overrides, split_arguments
+        from kerple.parallel.groups import prepare_environment
+
+        paths, overrides = split_arguments(known.configs)
+        if known.local_rank is not None:
+            os.environ.setdefault("LOCAL_RANK", str(known.local_rank))
+        if not paths:
+            parser.error("give at least one YAML config file")
+        cfg = load_config(paths, parse_overrides(overrides))
+        if known.dry_run:
+            cfg.resolve_batch(planned_world_size(cfg))
+            print(dry_run_report(cfg))
+            return 0
+        prepare_environment()
+        cfg.resolve_batch(int(os.environ.get("WORLD_SIZE", "1")))  # a layout these processes cannot run fails here, once
+        check_run_folders(cfg)
+        from kerple.training.trainer import run_training
 
     result = run_training(cfg, config_files=paths, trust_checkpoint=known.trust_checkpoint)
     if int(os.environ.get("RANK", "0")) == 0 and result.status != "already finished":  # the trainer said so
         print(f"training {result.status} at step {result.iteration}" + (f"; checkpoint {result.last_checkpoint}" if result.last_checkpoint else ""))
-    return 0
+    return INTERRUPTED_STATUS if result.stop_signal == signal.SIGINT else 0
 
 
 TRAIN_USAGE = "train.py CONFIG.yml [CONFIG.yml ...] [KEY=VALUE ...] [--dry-run] [--trust-checkpoint]"
@@ -156,25 +163,52 @@ def deepy_main(argv: list[str]) -> int:
             parser.error(f"unrecognized arguments: {' '.join(unknown)} (deepy.py's flags: -d/--conf_dir, --hostfile, "
                          "--num_gpus, --include, --master_port, --trust-checkpoint; train.py's: --dry-run)")
     check_launch_arguments(known)
-    paths, overrides = split_arguments(rest)
-    if not paths:
-        parser.error("give at least one YAML config file after the script")
-    if known.conf_dir:
-        paths = [os.path.join(known.conf_dir, path) for path in paths]
-    if Path(known.script).name in EVALUATION_SCRIPTS:  # validated as the script will run: nothing trained
-        overrides.append("train_iters=0")
-    cfg = load_config(paths, parse_overrides(overrides))
-    world = planned_world_size(cfg, known.num_gpus)
-    cfg.resolve_batch(world)
-    check_run_folders(cfg)
+    with exit_on_interrupt("deepy.py"):  # nothing is written until the resolved config
+        from kerple.config import load_config, parse_overrides, split_arguments
+
+        paths, overrides = split_arguments(rest)
+        if not paths:
+            parser.error("give at least one YAML config file after the script")
+        if known.conf_dir:
+            paths = [os.path.join(known.conf_dir, path) for path in paths]
+        if Path(known.script).name in EVALUATION_SCRIPTS:  # validated as the script will run: nothing trained
+            overrides.append("train_iters=0")
+        cfg = load_config(paths, parse_overrides(overrides))
+        world = planned_world_size(cfg, known.num_gpus)
+        cfg.resolve_batch(world)
+        check_run_folders(cfg)
+        trains = Path(known.script).name not in EVALUATION_SCRIPTS and "--dry-run" not in known.script_args
+        finished = finished_training(cfg) if trains else None
+    if finished:
+        print(f"deepy: {finished}", flush=True)
+        return 0
     run_dir = Path(cfg.logging.log_dir or "logs")
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = run_dir / f"resolved-config-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.yml"
-    cfg.save_yaml(resolved)
+    cfg.save_yaml(resolved, sources=True)  # errors on the ranks name the user's files, not this one
     print(f"deepy: resolved config written to {resolved} ({world} process(es))", flush=True)
     command = launch_command(known, world, resolved, cfg)
     print("deepy: " + " ".join(command), flush=True)
     return run_child(command)
+
+
+def finished_training(cfg: Any) -> str | None:
+    """What to say, without launching anything or writing a resolved config, when ``load`` holds a
+    checkpoint at or past ``train_iters`` (the trainer would say the same and stop); ``None`` otherwise."""
+    from kerple.checkpoint.files import find_checkpoint
+
+    ck, train_iters = cfg.checkpointing, int(cfg.training.train_iters)
+    if not ck.load or ck.finetune or train_iters <= 0:
+        return None
+    try:
+        found = find_checkpoint(ck.load)
+    except KerpleError:
+        return None  # the trainer reports it
+    step = found.name.removeprefix("global_step") if found is not None else ""
+    if not step.isdigit() or int(step) < train_iters:
+        return None
+    return (f"training already finished: {found} is step {step} of {train_iters}; nothing to do "
+            "(raise train_iters to train further)")
 
 
 def check_launch_arguments(known: argparse.Namespace) -> None:
@@ -191,17 +225,39 @@ def check_launch_arguments(known: argparse.Namespace) -> None:
             raise UsageError(f"{flag} {value}: expected a positive integer")
 
 
+def in_terminal_foreground() -> bool:
+    """Whether this process is in its terminal's foreground process group, where a Ctrl-C reaches
+    every process of the group (the child included) at once."""
+    for stream in (sys.stdin, sys.stdout, sys.stderr):
+        try:
+            return os.tcgetpgrp(stream.fileno()) == os.getpgrp()
+        except (OSError, AttributeError, ValueError):
+            continue
+    return False
+
+
 def run_child(command: list[str]) -> int:
     """Run the launcher ``command``, forwarding SIGINT and SIGTERM to it (the trainer then saves and
-    stops cleanly), and return its exit status (128 + N when signal N ended it, as a shell reports)."""
-    child = subprocess.Popen(command)
+    stops cleanly), and return its exit status (128 + N when signal N ended it, as a shell reports).
+    A SIGINT is not forwarded from a terminal's foreground: its Ctrl-C reached the child already, and
+    a second one would interrupt the child's own clean-up. A signal that comes while the child is
+    being started is passed on once it runs."""
+    child: subprocess.Popen | None = None
+    pending: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:
-        if child.poll() is None:
+        if signum == signal.SIGINT and in_terminal_foreground():
+            return
+        if child is None:
+            pending.append(signum)
+        elif child.poll() is None:
             child.send_signal(signum)
 
     previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
+        child = subprocess.Popen(command)
+        for signum in pending:
+            child.send_signal(signum)
         status = child.wait()
     finally:
         for signum, handler in previous.items():

@@ -19,6 +19,7 @@ from typing import Any
 from torch import nn
 
 from kerple.checkpoint import RunState, find_checkpoint, load_model_weights, restore_rng
+from kerple.checkpoint.errors import ArchitectureMismatchError
 from kerple.checkpoint.run_state import read_optimizer_shards, read_run_state
 from kerple.training.errors import TrainingError
 
@@ -48,14 +49,26 @@ def load_weights(model: nn.Module, cfg: Any, parallel: Any, *, trust: bool = Fal
             )
         parallel.barrier()
         return None
-    iteration = load_model_weights(
-        model,
-        directory,
-        cfg=cfg,
-        trust=trust,
-        model_parallel_size=parallel.model_parallel_size,
-        model_parallel_rank=parallel.model_parallel_rank,
-    )
+    try:
+        iteration = load_model_weights(
+            model,
+            directory,
+            cfg=cfg,
+            trust=trust,
+            model_parallel_size=parallel.model_parallel_size,
+            model_parallel_rank=parallel.model_parallel_rank,
+        )
+    except ArchitectureMismatchError as error:
+        save = cfg.checkpointing.save
+        if not save or Path(load).resolve() == Path(save).resolve():
+            raise
+        # `save=` a new folder while a YAML's `load` still names an old run: the old run's config would
+        # continue that run, which is not what a new folder asks for
+        raise TrainingError(
+            f"load: {load} ({cfg.source('load')}) is another run than save: {save} ({cfg.source('save')}), "
+            f"and its model differs ({', '.join(error.fields)}). To start a new run in {save}, set load={save} too "
+            f"(resume-or-start); to continue {load} instead, use its config ({directory}/configs)"
+        ) from None
     return Resumed(directory, read_run_state(directory, parallel, iteration, trust=trust))
 
 

@@ -33,16 +33,41 @@ def decay_note(cfg: Any) -> str:
             f"set lr_decay_iters={iters} (or remove the key) to decay over this run")
 
 
-def startup_summary(cfg: Any, *, parameters: int, parallel: Any, start_iteration: int, resumed_from: str | None) -> str:
-    """Model size, tokens per step, precision, parallel layout, data, and where outputs go."""
+def schedule_line(cfg: Any, scheduler: Any | None = None, start_iteration: int = 0) -> str:
+    """The schedule the run follows: ``scheduler``'s values when given (after a resume with
+    ``use_checkpoint_lr_scheduler`` they are the checkpoint's, not the config's), else the config's."""
+    schedule, iters = cfg.lr_schedule, cfg.training.train_iters
+    configured = (cfg.optimizer.lr, schedule.lr_decay_style, schedule.lr_decay_iters or max(iters, 1), schedule.min_lr)
+    if scheduler is None:
+        lr, style, decay, min_lr = configured
+        warmup = schedule.warmup
+    else:
+        lr, style, decay, min_lr = scheduler.lr, scheduler.style, scheduler.decay_iters, scheduler.min_lr
+        warmup = scheduler.warmup_iters / max(decay, 1)
+    line = (f"  schedule   {iters} steps from {start_iteration}, lr {lr:g} {style} over {decay} "
+            f"(warmup {warmup:g}, min {min_lr:g}), {cfg.optimizer.type}")
+    if (lr, style, decay, min_lr) == configured:
+        return line + decay_note(cfg)
+    line += (f"\n             the checkpoint's schedule (use_checkpoint_lr_scheduler), not the config's "
+             f"lr {configured[0]:g} {configured[1]} over {configured[2]}")
+    if decay != iters:
+        where = "stops before the decay ends" if iters < decay else "stays at min_lr after the decay ends"
+        line += (f"\n             its decay over {decay} differs from train_iters={iters}: the run {where}; "
+                 f"set override_lr_scheduler: true to follow the config's")
+    return line
+
+
+def startup_summary(cfg: Any, *, parameters: int, parallel: Any, start_iteration: int, resumed_from: str | None,
+                    scheduler: Any | None = None) -> str:
+    """Model size, tokens per step, precision, parallel layout, data, and where outputs go; the
+    schedule as ``scheduler`` holds it after a resume (:func:`schedule_line`)."""
     model, training, ck, logging = cfg.model, cfg.training, cfg.checkpointing, cfg.logging
     dp = parallel.data_parallel_size
     micro, accum = int(training.micro_batch_size), int(training.gradient_accumulation_steps)
     tokens = micro * accum * dp * int(model.seq_length)
     data = cfg.data
-    data_desc = data.data_path or f"train {data.train_data_paths} / valid {data.valid_data_paths}"
-    schedule = cfg.lr_schedule
-    decay_iters = schedule.lr_decay_iters or training.train_iters
+    data_desc = (f"{data.data_path} (split {data.split})" if data.data_path
+                 else f"train {data.train_data_paths} / valid {data.valid_data_paths}")
     lines = [
         "=" * 78,
         "kerple training run",
@@ -55,10 +80,8 @@ def startup_summary(cfg: Any, *, parameters: int, parallel: Any, start_iteration
         f"gradient clipping {training.gradient_clipping}",
         f"  parallel   world {parallel.world_size} = data {dp} x model {parallel.model_parallel_size} x "
         f"pipe {parallel.pipe_parallel_size} on {parallel.device.type} ({parallel.backend})",
-        f"  schedule   {training.train_iters} steps from {start_iteration}, lr {cfg.optimizer.lr:g} "
-        f"{schedule.lr_decay_style} over {decay_iters} (warmup {schedule.warmup:g}, min {schedule.min_lr:g}), "
-        f"{cfg.optimizer.type}{decay_note(cfg)}",
-        f"  data       {data_desc} (split {data.split}), valid seq {data.seq_length_val or model.seq_length}, "
+        schedule_line(cfg, scheduler, start_iteration),
+        f"  data       {data_desc}, valid seq {data.seq_length_val or model.seq_length}, "
         f"eval every {training.eval_interval} steps x {training.eval_iters} batches",
         f"  save       {ck.save or '(not saving)'} every {ck.save_interval} steps"
         + (f", keep last {ck.keep_last_n_checkpoints}" if ck.keep_last_n_checkpoints else ""),

@@ -59,6 +59,7 @@ class TrainResult:
     status: str = "finished"  # "finished" | "interrupted" | "already finished"
     skipped_steps: int = 0
     last_checkpoint: Path | None = None
+    stop_signal: int | None = None  # the signal this rank received when interrupted (SIGINT or SIGTERM)
 
 
 class Trainer:
@@ -91,6 +92,7 @@ class Trainer:
         self.model = build_rank_model(cfg, parallel)
         resumed = load_weights(self.model, cfg, parallel, trust=trust_checkpoint)
         self.resumed_from = None if resumed is None else resumed.directory
+        self.last_checkpoint: Path | None = self.resumed_from  # what a diverged run can go back to
         self.parameters_total = parameter_count(self.model)
         if self.pipelined:
             self.model = build_stages(self.model, parallel)
@@ -107,11 +109,13 @@ class Trainer:
                 resumed, engine=self.engine, scheduler=self.scheduler, cfg=cfg, parallel=parallel,
                 global_batch=self.micro * self.accumulation * parallel.data_parallel_size, trust=trust_checkpoint,
             )
+        finished = 0 < self.train_iters <= self.iteration  # train() says so and returns: nothing to log
         self.monitor = Monitor(
             enabled=parallel.is_main,
-            log_dir=cfg.logging.log_dir,
-            tensorboard_dir=cfg.logging.tensorboard_dir if cfg.logging.use_tensorboard is not False else None,
-            use_wandb=bool(cfg.logging.use_wandb),
+            log_dir=None if finished else cfg.logging.log_dir,
+            tensorboard_dir=(cfg.logging.tensorboard_dir if cfg.logging.use_tensorboard is not False and not finished
+                             else None),
+            use_wandb=bool(cfg.logging.use_wandb) and not finished,
             wandb_project=cfg.logging.wandb_project,
             run_config=cfg.to_dict(),
         )
@@ -122,6 +126,7 @@ class Trainer:
                 parallel=parallel,
                 start_iteration=self.iteration,
                 resumed_from=str(resumed.directory) if resumed is not None else None,
+                scheduler=self.scheduler,
             )
         )
 
@@ -192,10 +197,18 @@ class Trainer:
         if self.parallel.any_rank(not math.isfinite(mean_loss)) and self.precision != "fp16":
             raise TrainingDivergedError(
                 f"loss is {mean_loss} at step {self.iteration} ({self.precision}); stopping without saving. "
-                "Lower the learning rate, raise warmup, or check the data; the last good checkpoint is "
-                f"in {self.cfg.checkpointing.save or '(saving disabled)'}."
+                f"Lower the learning rate, raise warmup, or check the data; {self._last_good_checkpoint()}."
             )
         return mean_loss
+
+    def _last_good_checkpoint(self) -> str:
+        """Where a diverged run can go back to, said as it is (a ``save`` folder may hold nothing yet)."""
+        if self.last_checkpoint is not None:
+            return f"the last good checkpoint is {self.last_checkpoint}"
+        if not self.cfg.checkpointing.save:
+            return "no checkpoint was written (save is not set)"
+        return (f"no checkpoint was written yet (save_interval {self.cfg.checkpointing.save_interval}); "
+                "the run starts over from step 0")
 
     @torch.no_grad()
     def evaluate(self) -> float | None:
@@ -249,7 +262,7 @@ class Trainer:
             with gathered(list(self.model.parameters()), zero3=True):
                 if self.parallel.data_parallel_rank == 0:
                     model_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-        return save_checkpoint(
+        saved = save_checkpoint(
             ck.save,
             module=self.model,
             run_state=run_state,
@@ -259,6 +272,8 @@ class Trainer:
             write_configs=self._write_configs,
             keep_last_n=ck.keep_last_n_checkpoints,
         )
+        self.last_checkpoint = saved or self.last_checkpoint
+        return saved
 
     def _write_configs(self, directory: Path) -> None:
         for source in self.config_files:
@@ -315,7 +330,7 @@ class Trainer:
                     last_saved = self.save() or last_saved
                 if stop:
                     self.monitor.print(f"received signal; saved at step {self.iteration} and stopping cleanly")
-                    result.status = "interrupted"
+                    result.status, result.stop_signal = "interrupted", self._stop_signal
                     break
             if result.status == "finished":
                 if self.train_iters > 0 and (not eval_interval or self.iteration % eval_interval != 0):

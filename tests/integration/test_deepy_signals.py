@@ -1,4 +1,5 @@
-"""deepy.py passes SIGINT/SIGTERM on to the trainer it started and exits with the trainer's status."""
+"""deepy.py passes SIGINT/SIGTERM on to the trainer it started and exits with the trainer's status:
+130 after Ctrl-C (an interrupted run), 0 after SIGTERM (a preemption: saved, the same command resumes)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -43,12 +45,43 @@ def test_a_signal_to_deepy_stops_the_trainer_cleanly(tmp_path: Path, signum: int
         deepy.send_signal(signum)  # to deepy alone, not to its process group
         rest, _ = deepy.communicate(timeout=120)
         output = "".join(lines) + rest
-        assert deepy.returncode == 0, output[-3000:]
+        assert deepy.returncode == (130 if signum == signal.SIGINT else 0), output[-3000:]
         assert "received signal; saved at step" in output and "training interrupted at step" in output
         step = int((save / "latest").read_text().removeprefix("global_step"))
         assert 0 < step < 2000
     finally:
         try:
             os.killpg(deepy.pid, signal.SIGKILL)  # the group this test started, should anything be left
+        except ProcessLookupError:
+            pass
+
+
+def test_ctrl_c_while_the_trainer_is_still_importing_is_one_line(tmp_path: Path) -> None:
+    """It gave a 77-line traceback (KeyboardInterrupt inside torch's imports) and exit 130."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    corpus = write_corpus(tmp_path / "corpus")
+    overrides = tiny_overrides(corpus, save=str(tmp_path / "run"), log_dir=str(tmp_path / "logs"))
+    argv = [f"{key}={'' if value is None else value}" for key, value in overrides.items()]
+    deepy = subprocess.Popen([sys.executable, "deepy.py", "train.py", "configs/models/tiny.yml", *argv], cwd=REPO,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        lines = []
+        for line in deepy.stdout:
+            lines.append(line)
+            if line.startswith(f"deepy: {sys.executable}"):
+                break  # the child is starting: its imports take seconds
+        time.sleep(1.0)
+        deepy.send_signal(signal.SIGINT)
+        rest, _ = deepy.communicate(timeout=120)
+        output = "".join(lines) + rest
+        assert deepy.returncode == 130, output[-3000:]
+        assert "Traceback" not in output and "train.py: interrupted" in output, output[-3000:]
+        assert not (tmp_path / "run" / "latest").exists()
+    finally:
+        try:
+            os.killpg(deepy.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass

@@ -142,8 +142,9 @@ def test_unwritable_output_is_refused_before_any_work(tmp_path: Path, capsys: py
 
 
 def test_an_interrupted_run_keeps_the_finished_lengths(
-    trained: tuple[Path, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    trained: tuple[Path, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
+    """Ctrl-C printed a traceback and exit status 1; now one line, 130, and what the file keeps."""
     real = cli.evaluate_plan
 
     def interrupted_at_64(loss_fn, stream, plan, **kwargs):  # noqa: ANN001, ANN202
@@ -153,8 +154,12 @@ def test_an_interrupted_run_keeps_the_finished_lengths(
 
     monkeypatch.setattr(cli, "evaluate_plan", interrupted_at_64)
     output = tmp_path / "partial.json"
-    with pytest.raises(KeyboardInterrupt):
-        evaluate(trained, output, "--eval-lengths", LENGTHS)
+    checkpoints, arguments = trained
+    argv = [*arguments, "--load", str(checkpoints), "--output", str(output), "--no-progress", "--eval-lengths", LENGTHS]
+    capsys.readouterr()
+    assert cli.main([str(REPO / a) if a.endswith(".yml") else a for a in argv]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        f"evaluate.py: interrupted; {output} holds the lengths it finished (32; complete: false)"
     partial = json.loads(output.read_text())
     assert partial["complete"] is False and [r["length"] for r in partial["results"]] == [32]
     monkeypatch.setattr(cli, "evaluate_plan", real)
@@ -231,3 +236,26 @@ def test_load_without_yaml_reads_the_checkpoint_configs(
     assert [r["loss"] for r in without["results"]] == pytest.approx([r["loss"] for r in with_yaml["results"]], rel=1e-9)
     assert cli.main(["--eval-lengths", "32", "--output", str(tmp_path / "m.json")]) == 2
     assert "pass --load DIR" in capsys.readouterr().err
+
+
+def test_per_document_names_the_files(trained: tuple[Path, list[str]], tmp_path: Path,
+                                      capsys: pytest.CaptureFixture) -> None:
+    """It printed "document 1"; prepare_data.py records the held-out files' names in info.json."""
+    import shutil
+
+    checkpoints, arguments = trained
+    corpus = next(word.split("=", 1)[1] for word in arguments if word.startswith("data_path="))
+    copy = tmp_path / "corpus"
+    for suffix in (".bin", ".idx"):
+        shutil.copyfile(corpus + suffix, str(copy) + suffix)
+    names = [f"pkg/module_{index}.py" for index in range(40)]  # split 90,10,0 of 400 documents: 40 held out
+    Path(f"{copy}.info.json").write_text(json.dumps({"split": "90,10,0", "documents": {"valid": names}}))
+    argv = [str(REPO / a) if a.endswith(".yml") else a for a in arguments if not a.startswith("data_path=")]
+    argv += [f"data_path={copy}", "--load", str(checkpoints), "--output", str(tmp_path / "d.json"), "--no-progress",
+             "--eval-lengths", "32", "--per-document"]
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    rows = json.loads((tmp_path / "d.json").read_text())["results"][0]["per_document"]
+    assert [row["name"] for row in rows] == [names[row["document"]] for row in rows]
+    printed = capsys.readouterr().err
+    assert f"    {rows[0]['name']}" in printed and "document " not in printed.split("with most scored tokens:")[1]

@@ -133,3 +133,23 @@ def test_lm_eval_rolling_loglikelihood_equals_evaluate_py_nonoverlap(tmp_path, o
     assert {s["doc_id"]: -s["loglikelihood"] for s in harness["samples"]} == pytest.approx(per_document, rel=1e-6)
     words = sum(len(text.split()) for text in texts)  # lm-eval's count: the EOD is glued to the last word
     assert harness["results"]["word_perplexity,none"] == pytest.approx(math.exp(kerple["loss"] * scored / words), rel=1e-5)
+
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED_TASK = """
+import json, sys
+from lm_eval.tasks import TaskManager, get_task_dict
+task = get_task_dict(["my_docs"], TaskManager(include_path="tasks", include_defaults=False))["my_docs"]
+json.dump([doc["text"] for doc in task.test_docs()], open(sys.argv[1], "w"))
+"""
+
+
+def test_the_readmes_lm_eval_task_is_shipped_and_loads_offline(tmp_path):
+    """The command's `--include_path tasks/` named a folder that did not exist (the YAML was only in
+    docs/interop.md)."""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", SHIPPED_TASK, str(tmp_path / "docs.json")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shipped = [json.loads(line)["text"] for line in (REPO / "tasks/my_docs.jsonl").read_text().splitlines()]
+    assert json.loads((tmp_path / "docs.json").read_text()) == shipped and len(shipped) == 3

@@ -15,6 +15,7 @@ from types import ModuleType
 
 import pytest
 
+import kerple.config as config_module
 from kerple.data import preprocess
 from kerple.evaluation import cli as evaluate_cli
 from kerple.training import cli as training_cli
@@ -112,8 +113,8 @@ def test_compare_runs_reports_a_file_that_is_not_a_result(tmp_path: Path, capsys
 @pytest.mark.parametrize(
     ("main", "module", "function", "argv"),
     [
-        (training_cli.train_main, training_cli, "load_config", [*TINY, "--dry-run"]),
-        (training_cli.deepy_main, training_cli, "load_config", ["train.py", *TINY]),
+        (training_cli.train_main, config_module, "load_config", [*TINY, "--dry-run"]),  # imported after --help
+        (training_cli.deepy_main, config_module, "load_config", ["train.py", *TINY]),
         (evaluate_cli.main, evaluate_cli, "run_config", [*TINY, "--eval-lengths", "64", "--output", "r.json"]),
         (generate_module.main, generate_module, "run_config", [*TINY, "--load", "ckpt", "--prompt", "x"]),
         (preprocess.main, preprocess, "run", ["stdlib"]),
@@ -142,10 +143,10 @@ def test_compare_runs_lets_a_bug_propagate(tmp_path: Path, monkeypatch: pytest.M
 BUGGY_TRAIN = textwrap.dedent(
     """
     import runpy, sys
-    import kerple.training.cli as cli
+    import kerple.config
     def boom(*args, **kwargs):
         raise ZeroDivisionError("injected bug")
-    cli.load_config = boom
+    kerple.config.load_config = boom
     sys.argv = ["train.py", *sys.argv[1:]]
     runpy.run_path("train.py", run_name="__main__")
     """
@@ -167,7 +168,7 @@ def test_key_value_words_may_follow_the_flags(monkeypatch: pytest.MonkeyPatch) -
 
     seen = []
     monkeypatch.setattr(evaluate_cli, "run", seen.append)
-    monkeypatch.setattr(generate_module, "run", lambda args: seen.append(args) or "")
+    monkeypatch.setattr(generate_module, "run", lambda args, stream=None: seen.append(args) or "")
     monkeypatch.setattr(analysis_cli, "run_attention_stats", seen.append)
     evaluate_cli.main([*TINY, "--eval-lengths", "64", "--output", "r.json", "seed=5", "--no-progress"])
     generate_module.main([TINY[0], "--load", "ckpt", "--prompt", "a=b", TINY[1], "seed=5"])
@@ -196,3 +197,21 @@ def test_help_shows_the_config_files_and_overrides(main, argv: list[str], capsys
 def test_generate_refuses_a_config_without_a_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert generate_module.main([*TINY, "--load", str(tmp_path), "--prompt", "x"]) == 2
     assert "names no tokenizer" in one_error_line(capsys, "generate.py")
+
+
+@pytest.mark.parametrize("script", ["train.py", "deepy.py"])
+def test_help_is_printed_before_torch_is_imported(script: str) -> None:
+    """`train.py --help` and `deepy.py --help` took 20 s: torch and DeepSpeed were imported first."""
+    code = textwrap.dedent(f"""
+        import runpy, sys
+        sys.argv = [{script!r}, "--help"]
+        try:
+            runpy.run_path({script!r}, run_name="__main__")
+        except SystemExit as stop:
+            assert stop.code == 0
+        print("torch" in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout and done.stdout.rstrip().endswith("False")

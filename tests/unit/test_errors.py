@@ -7,7 +7,7 @@ import pytest
 from kerple.checkpoint.errors import CheckpointError
 from kerple.config import ConfigError
 from kerple.data.errors import DataError
-from kerple.errors import USER_ERROR_STATUS, KerpleError, entry_point
+from kerple.errors import INTERRUPTED_STATUS, USER_ERROR_STATUS, KerpleError, entry_point
 from kerple.evaluation.errors import EvaluationError, ProtocolError
 from kerple.inference import GenerationError
 from kerple.training.batches import DataTooShortError
@@ -34,6 +34,12 @@ def raising(error: BaseException):
 def test_a_project_error_is_one_line_and_status_2(capsys: pytest.CaptureFixture) -> None:
     assert raising(DataError("corpus.jsonl: input file not found"))([]) == USER_ERROR_STATUS == 2
     assert capsys.readouterr().err == "tool.py: error: corpus.jsonl: input file not found\n"
+
+
+def test_ctrl_c_is_one_line_and_status_130(capsys: pytest.CaptureFixture) -> None:
+    """Ctrl-C during evaluate.py printed a traceback; during train.py's imports, 77 lines."""
+    assert raising(KeyboardInterrupt())([]) == INTERRUPTED_STATUS == 130
+    assert capsys.readouterr().err == "tool.py: interrupted\n"
 
 
 def test_the_checkpoint_error_is_reported_like_a_project_error(capsys: pytest.CaptureFixture) -> None:

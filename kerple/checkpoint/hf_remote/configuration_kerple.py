@@ -21,6 +21,9 @@ class KerpleConfig(PretrainedConfig):
     ``{"form": name, <parameter>: value}``; ``positional["tensors"]`` lists the stored tensors
     (``{"name": {"shape": [...], "trainable": bool}}``) that parameters may name.
     ``attention_window`` W lets query ``i`` see keys ``j`` with ``0 <= i - j < W`` only.
+    ``max_position_embeddings`` is the rows of a learned position table, the one embedding with a
+    longest input; ``None`` for the others, whose point is reading inputs longer than
+    ``training_length`` (so transformers does not warn that such inputs exceed the model).
     """
 
     model_type = "kerple"
@@ -37,7 +40,8 @@ class KerpleConfig(PretrainedConfig):
         norm: str = "layernorm",
         layer_norm_eps: float = 1e-5,
         use_parallel_residual: bool = False,
-        max_position_embeddings: int = 2048,
+        max_position_embeddings: int | None = None,
+        training_length: int | None = None,
         attention_window: int | None = None,
         positional: dict[str, Any] | None = None,
         tie_word_embeddings: bool = False,
@@ -54,6 +58,7 @@ class KerpleConfig(PretrainedConfig):
         self.layer_norm_eps = layer_norm_eps
         self.use_parallel_residual = use_parallel_residual
         self.max_position_embeddings = max_position_embeddings
+        self.training_length = training_length
         self.attention_window = attention_window
         self.positional = positional or {}
         self.use_cache = use_cache

@@ -353,27 +353,44 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 @dataclass
 class AttentionInputs:
-    """What every layer of one forward shares: positions, the positional logit terms, the mask, the cache."""
+    """What every layer of one forward shares besides the logit terms (passed to each layer as tensors,
+    so that a reentrant activation checkpoint still carries their gradients): positions, the mask, the
+    cache, and whether to return the attention probabilities."""
 
     positions: torch.Tensor  # [b, s] positions of the new tokens
-    bias: torch.Tensor | None  # [H, q, k] or [b, H, q, k] float32
-    scale: torch.Tensor | None  # [H, q, k] float32
     allowed: torch.Tensor  # bool [b or 1, 1, q, k]
     cache: Cache | None
+    output_attentions: bool = False
 
 
 class KerpleAttention(nn.Module):
-    """Fused per-head ``query_key_value`` ``[3h, h]`` (q, k, v of head 0, then head 1, ...) and ``dense``."""
+    """Fused per-head ``query_key_value`` ``[3h, h]`` (q, k, v of head 0, then head 1, ...) and ``dense``.
+
+    ``attn_implementation="sdpa"`` (transformers' default when it is allowed) runs
+    ``scaled_dot_product_attention`` with the bias and the mask as one float mask, in float32 like the
+    eager path. A ``weight`` term multiplies the logits, which no additive mask can express, so those
+    models, and a call that asks for the attention probabilities, take the eager path.
+    """
 
     def __init__(self, config: KerpleConfig, layer_index: int) -> None:
         super().__init__()
+        self.config = config
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.layer_index = layer_index
         self.query_key_value = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, hidden: torch.Tensor, inputs: AttentionInputs, positional: KerplePositional) -> torch.Tensor:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        bias: torch.Tensor | None,
+        scale: torch.Tensor | None,
+        inputs: AttentionInputs,
+        positional: KerplePositional,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The attention output ``[b, s, h]`` and, with ``inputs.output_attentions``, the probabilities
+        ``[b, H, q, k]``; ``bias`` ``[H, q, k]`` (or ``[b, H, q, k]``) and ``scale`` ``[H, q, k]`` float32."""
         batch, seq, width = hidden.shape
         qkv = self.query_key_value(hidden).view(batch, seq, self.num_heads, 3 * self.head_dim).transpose(1, 2)
         query, key, value = qkv.split(self.head_dim, dim=-1)  # each [b, H, s, d]
@@ -388,17 +405,26 @@ class KerpleAttention(nn.Module):
             sums = key[..., -1].float().cumsum(dim=-1)  # [b, H, k]: s_t over every key so far
             key = key[..., :-1]
             layer_bias = sums[..., -seq:, None] - sums[..., None, :]  # [b, H, q, k]: s_i - s_j
+        if getattr(self.config, "_attn_implementation", "eager") == "sdpa" and scale is None and not inputs.output_attentions:
+            mask = torch.zeros(inputs.allowed.shape, dtype=torch.float32, device=query.device)
+            mask = mask.masked_fill(~inputs.allowed, float("-inf"))  # [b or 1, 1, q, k]
+            for term in (bias, layer_bias):
+                if term is not None:
+                    mask = mask + term  # [b or 1, H, q, k]
+            output = F.scaled_dot_product_attention(query.float(), key.float(), value.float(), attn_mask=mask)
+            output = output.to(value.dtype).transpose(1, 2).reshape(batch, seq, width)
+            return self.dense(output), None
         scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))
-        if inputs.scale is not None:
-            scores = scores * inputs.scale
-        if inputs.bias is not None:
-            scores = scores + inputs.bias
+        if scale is not None:
+            scores = scores * scale
+        if bias is not None:
+            scores = scores + bias
         if layer_bias is not None:
             scores = scores + layer_bias
         scores = scores.masked_fill(~inputs.allowed, float("-inf"))  # [b, H, q, k]
         probs = torch.softmax(scores, dim=-1).to(value.dtype)
         output = torch.matmul(probs, value).transpose(1, 2).reshape(batch, seq, width)
-        return self.dense(output)
+        return self.dense(output), probs if inputs.output_attentions else None
 
 
 class KerpleMLP(nn.Module):
@@ -425,12 +451,19 @@ class KerpleLayer(nn.Module):
         self.post_attention_layernorm = build_norm(config)
         self.mlp = KerpleMLP(config)
 
-    def forward(self, hidden: torch.Tensor, inputs: AttentionInputs, positional: KerplePositional) -> torch.Tensor:
-        attention_out = self.attention(self.input_layernorm(hidden), inputs, positional)
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        bias: torch.Tensor | None,
+        scale: torch.Tensor | None,
+        inputs: AttentionInputs,
+        positional: KerplePositional,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        attention_out, probs = self.attention(self.input_layernorm(hidden), bias, scale, inputs, positional)
         if self.use_parallel_residual:
-            return hidden + (attention_out + self.mlp(self.post_attention_layernorm(hidden)))
+            return hidden + (attention_out + self.mlp(self.post_attention_layernorm(hidden))), probs
         hidden = hidden + attention_out
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        return hidden + self.mlp(self.post_attention_layernorm(hidden)), probs
 
 
 class KerplePreTrainedModel(PreTrainedModel):
@@ -438,6 +471,8 @@ class KerplePreTrainedModel(PreTrainedModel):
     base_model_prefix = "gpt_neox"
     _no_split_modules = ["KerpleLayer"]
     _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True  # the bias as a float mask (KerpleAttention); a weight term runs eager math
+    supports_gradient_checkpointing = True
     # kerple keeps its positional tensors in float32 under bf16/fp16 too
     _keep_in_fp32_modules_strict = ["positional"]
 
@@ -459,6 +494,7 @@ class KerpleModel(KerplePreTrainedModel):
         self.positional = KerplePositional(config)
         self.layers = nn.ModuleList(KerpleLayer(config, index) for index in range(config.num_hidden_layers))
         self.final_layer_norm = build_norm(config)
+        self.gradient_checkpointing = False  # set by transformers' gradient_checkpointing_enable()
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -489,28 +525,62 @@ class KerpleModel(KerplePreTrainedModel):
         past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
         **kwargs: Any,
-    ) -> BaseModelOutputWithPast:
+    ) -> BaseModelOutputWithPast | tuple:
+        """The final hidden states ``[b, s, h]`` and the cache; with ``output_hidden_states``, the input of
+        every layer and the final (normed) output; with ``output_attentions``, every layer's
+        probabilities ``[b, H, q, k]``; a tuple with ``return_dict=False``."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        config = self.config
+        if output_attentions is None:
+            output_attentions = getattr(config, "output_attentions", False)
+        if output_hidden_states is None:
+            output_hidden_states = getattr(config, "output_hidden_states", False)
+        return_dict = getattr(config, "return_dict", True) if return_dict is None else return_dict
         hidden = self.embed_in(input_ids) if inputs_embeds is None else inputs_embeds  # [b, s, h]
-        use_cache = self.config.use_cache if use_cache is None else use_cache
+        use_cache = config.use_cache if use_cache is None else use_cache
+        checkpointing = self.gradient_checkpointing and self.training
+        if checkpointing:
+            use_cache = False  # the recomputation would append to the cache a second time
         cache = (past_key_values if past_key_values is not None else DynamicCache()) if use_cache else None
         past = cache.get_seq_length() if cache is not None else 0
         query_index = torch.arange(past, past + hidden.shape[1], device=hidden.device)  # absolute indices
         if position_ids is None:
             position_ids = query_index[None].expand(hidden.shape[0], -1)
         hidden = self.positional.embed(hidden, position_ids)
+        bias = self.positional.logit_term("bias", query_index, past + hidden.shape[1], position_ids)
+        scale = self.positional.logit_term("weight", query_index, past + hidden.shape[1], position_ids)
         inputs = AttentionInputs(
             positions=position_ids,
-            bias=self.positional.logit_term("bias", query_index, past + hidden.shape[1], position_ids),
-            scale=self.positional.logit_term("weight", query_index, past + hidden.shape[1], position_ids),
             allowed=self._allowed(query_index, past + hidden.shape[1], attention_mask),
             cache=cache,
+            output_attentions=bool(output_attentions),
         )
+        all_hidden: tuple[torch.Tensor, ...] = ()
+        all_attentions: tuple[torch.Tensor, ...] = ()
         for layer in self.layers:
-            hidden = layer(hidden, inputs, self.positional)
-        return BaseModelOutputWithPast(last_hidden_state=self.final_layer_norm(hidden), past_key_values=cache)
+            if output_hidden_states:
+                all_hidden += (hidden,)
+            if checkpointing:
+                hidden, probs = self._gradient_checkpointing_func(layer.__call__, hidden, bias, scale, inputs, self.positional)
+            else:
+                hidden, probs = layer(hidden, bias, scale, inputs, self.positional)
+            if output_attentions:
+                all_attentions += (probs,)
+        hidden = self.final_layer_norm(hidden)
+        if output_hidden_states:
+            all_hidden += (hidden,)
+        output = BaseModelOutputWithPast(
+            last_hidden_state=hidden,
+            past_key_values=cache,
+            hidden_states=all_hidden if output_hidden_states else None,
+            attentions=all_attentions if output_attentions else None,
+        )
+        return output if return_dict else output.to_tuple()
 
 
 class KerpleForCausalLM(KerplePreTrainedModel, GenerationMixin):
@@ -545,11 +615,16 @@ class KerpleForCausalLM(KerplePreTrainedModel, GenerationMixin):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
         logits_to_keep: int = 0,
         **kwargs: Any,
-    ) -> CausalLMOutputWithPast:
+    ) -> CausalLMOutputWithPast | tuple:
         """Logits ``[b, s, vocab]`` (the last ``logits_to_keep`` positions when it is set); with
-        ``labels``, the shifted next-token loss."""
+        ``labels``, the shifted next-token loss; hidden states and attentions as :class:`KerpleModel`
+        gives them; a tuple with ``return_dict=False``."""
+        return_dict = getattr(self.config, "return_dict", True) if return_dict is None else return_dict
         outputs = self.gpt_neox(
             input_ids,
             attention_mask=attention_mask,
@@ -557,10 +632,15 @@ class KerpleForCausalLM(KerplePreTrainedModel, GenerationMixin):
             past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
         )
         hidden = outputs.last_hidden_state
         logits = self.embed_out(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values)
+        output = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+                                        hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        return output if return_dict else output.to_tuple()

@@ -56,12 +56,15 @@ def test_log_temperature_is_log_of_the_train_length_in_base_the_length() -> None
     assert temperature_for("0.8", 512, 64) == 0.8
 
 
-def test_nope_variance_writes_json_and_png(tmp_path: Path) -> None:
+def test_nope_variance_writes_json_and_png(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     output = tmp_path / "nope" / "variance.json"
     argv = ["nope-variance", TINY, str(REPO / "configs/pe/none.yml"), "--length", "32", "--samples", "20",
             "--output", str(output), "--no-progress"]
     assert cli.main(argv) == 0
     doc = json.loads(output.read_text())
+    err = capsys.readouterr().err  # it printed only "wrote ...": the numbers, as the other analyses do
+    lemma = "  ".join(f"m={m}: {doc['lemma'][m - 1]:.4g}" for m in (1, 8, 16, 32))
+    assert f"Lemma 2.3: d²σ⁴/m: {lemma}" in err and "random model, σ = 0.02: m=1: " in err
     assert doc["format"] == "kerple-analysis-1" and len(doc["random_model"]) == len(doc["lemma"]) == 32
     assert doc["lemma"][0] == pytest.approx(128**2 * 0.02**4)  # d² σ⁴ / 1 with tiny.yml's d = 128
     assert output.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"

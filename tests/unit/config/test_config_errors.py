@@ -186,3 +186,24 @@ def test_a_yaml_syntax_error_is_one_line_with_its_position(write):
     path = write("bad2.yml", "a: 1\n  b: 2\n")
     error = _error([path])
     assert "\n" not in str(error) and "(line 2, column 4)" in str(error)
+
+
+@pytest.mark.parametrize("text", ["lr: .nan\n", "lr: .inf\n", "min_lr: -.inf\n", "hidden-dropout: .nan\n"])
+def test_a_number_that_is_not_finite_is_refused_when_the_config_loads(write, text):
+    """A NaN learning rate once reached the optimizer (a traceback on rank 0); infinities diverge at step 2."""
+    path = write("n.yml", text)
+    error = _error([path])
+    assert path in str(error) and "must be a finite number" in str(error)
+
+
+def test_an_absurd_train_iters_is_refused_with_the_bound(write):
+    error = _error([write("t.yml", "train_iters: 100000000000000000000000\n")])
+    assert error.key == "train_iters" and "must be <= 100000000" in str(error)
+
+
+def test_a_config_key_given_as_a_word_says_it_needs_a_value(write):
+    path = write("ok.yml", "seed: 1\n")
+    error = _error([path, "train_iters"])
+    assert str(error) == ("<command line>: key 'train_iters': an override needs a value (no file has this name): "
+                          "write train_iters=VALUE")
+    assert "cannot read the file" in str(_error([path, "no_such_file.yml"]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ from kerple.data.gpt2_dataset import (
     GPT2Dataset,
     build_datasets_from_config,
     build_train_valid_test_datasets,
+    num_epochs_needed,
     split_boundaries,
 )
 from kerple.data.indexed_dataset import IndexedDatasetWriter, MMapIndexedDataset
@@ -181,3 +183,25 @@ def test_short_valid_split_names_the_evaluation_length(tmp_path: Path) -> None:
     prefix, _ = make_corpus(tmp_path, [40] * 9 + [10])  # split "9,1": valid is the 10-token document
     with pytest.raises(DataError, match=r"the valid split holds 10 tokens, .* seq-length-val"):
         build_train_valid_test_datasets(prefix, "9,1", (4, 2, 0), 8, 1, seq_length_eval=16, cache=False)
+
+
+def test_the_epoch_count_is_the_reference_loop_in_closed_form() -> None:
+    rng = np.random.RandomState(0)
+    for _ in range(500):
+        tokens, seq_length, samples = (int(v) for v in rng.randint(1, 400, size=3))
+        epochs = 1
+        while (epochs * tokens - 1) // seq_length < samples:
+            epochs += 1
+        assert num_epochs_needed(tokens, seq_length, samples) == epochs
+    assert num_epochs_needed(10, 512, 10**23) > 10**24  # at once: the loop ran for minutes on train_iters 1e23
+
+
+def test_an_absurd_sample_count_is_refused_before_any_index_is_built(tmp_path: Path) -> None:
+    prefix, _ = make_corpus(tmp_path, [300, 400])
+    started = time.perf_counter()
+    with pytest.raises(DataError) as raised:
+        build_train_valid_test_datasets(prefix, "100", (10**12, 0, 0), 32, 1234)
+    assert time.perf_counter() - started < 5
+    message = str(raised.value)
+    assert "the train split's sample index for 1,000,000,000,000 samples" in message and "lower train_iters" in message
+    assert not list(tmp_path.glob("*.npy"))

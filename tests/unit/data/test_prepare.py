@@ -47,10 +47,11 @@ def check_layout(info: dict, tokenizer_file: Path, texts_by_key: dict[str, str] 
 
 def test_stdlib_small_slice(tmp_path: Path, neox20b_file: Path) -> None:
     info = prepare(tmp_path, neox20b_file, "stdlib", "--limit", "40")
-    assert info["split"] == "949,50,1" and info["parts"]["train"]["documents"] == 38
-    check_layout(info, neox20b_file)
     refs = sorted(sources.stdlib_refs(), key=lambda ref: ref.key)[:40]
     held_out = sources.hold_out(refs, "949,50,1")
+    counts = [len(held_out[name]) for name in ("train", "valid", "test")]
+    assert info["split"] == ",".join(map(str, counts)) and info["parts"]["train"]["documents"] == counts[0]
+    check_layout(info, neox20b_file)
     first_valid = held_out["valid"][0].read().decode("utf-8", errors="replace")
     tokenizer = build_tokenizer("HFTokenizer", vocab_file=neox20b_file)
     valid = MMapIndexedDataset(info["split_prefixes"]["valid"])
@@ -58,6 +59,45 @@ def test_stdlib_small_slice(tmp_path: Path, neox20b_file: Path) -> None:
     datasets = build_train_valid_test_datasets(info["prefix"], info["split"], (8, 2, 0), 64, 1)
     assert datasets.train[0]["tokens"].shape == (64,)  # type: ignore[index]
     assert not list((tmp_path / "data").rglob("*.tmp*"))
+
+
+def test_the_standard_library_holds_out_enough_for_the_papers_lengths() -> None:
+    """By document count alone, 1/1000 of the standard library was 2 files (138 tokens), so no model
+    with a train length of 138 or more could train on `configs/data/stdlib.yml`."""
+    refs = sources.stdlib_refs()
+    held_out = sources.hold_out(refs, "949,50,1")
+    for name in ("valid", "test"):
+        assert sum(ref.size() for ref in held_out[name]) >= sources.HELD_OUT_MIN_BYTES  # ~65k tokens at 4 bytes each
+    keys = [{ref.key for ref in held_out[name]} for name in ("train", "valid", "test")]
+    assert sum(map(len, keys)) == len(refs) and not (keys[0] & keys[1] or keys[0] & keys[2] or keys[1] & keys[2])
+
+
+def test_held_out_floor_is_a_share_of_a_small_corpus_and_keeps_zero_shares(tmp_path: Path) -> None:
+    refs = []
+    for i in range(2000):
+        (tmp_path / f"{i}.py").write_text("x" * 199 + "\n")
+        refs.append(sources.DocumentRef(f"{i}.py", tmp_path / f"{i}.py"))
+    held_out = sources.hold_out(refs, "949,50,1")  # 400 kB: each held-out part fills to 5% of it
+    assert [len(held_out[name]) for name in ("train", "valid", "test")] == [1800, 100, 100]
+    held_out = sources.hold_out(refs, "99,1,0")  # no test share: no test documents
+    assert [len(held_out[name]) for name in ("train", "valid", "test")] == [1900, 100, 0]
+
+
+def test_the_shipped_stdlib_config_names_the_files_prepare_data_writes(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    info = preprocess.run(["stdlib", "--limit", "40", "-t", "CharLevelTokenizer", "--quiet"])
+    config = yaml.safe_load((Path(__file__).parents[3] / "configs/data/stdlib.yml").read_text())
+    assert "data-path" not in config and "split" not in config  # held-out counts depend on the interpreter
+    assert set(info.split_prefixes) == {"train", "valid"}  # 40 files give the test share no document
+    refs = sorted(sources.stdlib_refs(), key=lambda ref: ref.key)[:40]
+    held_out = sources.hold_out(refs, "949,50,1")  # evaluate.py --per-document prints these names
+    assert info.documents == {"valid": [ref.key for ref in held_out["valid"]], "test": []}
+    for name in ("train", "valid", "test"):
+        written = info.split_prefixes.get(name, info.split_prefixes["train"].replace("_train_", "_test_"))
+        assert config[f"{name}-data-paths"] == [written]
 
 
 def test_skip_when_prepared_and_force(tmp_path: Path, neox20b_file: Path, capsys: pytest.CaptureFixture) -> None:
@@ -269,6 +309,8 @@ def test_output_prefix_that_cannot_be_written_is_refused_first(tmp_path: Path, c
     (["stdlib", "--url", "http://127.0.0.1:9/x.zst"], "--url is for the online datasets; stdlib is built from"),
     (["--input", "t.txt", "--output-prefix", "o/x", "--limit", "5"], "--limit, --root and --url apply to named"),
     (["stdlib", "--train-tokenizer", "0"], "--train-tokenizer 0: a byte-level BPE needs at least 257 ids"),
+    (["--input", "t.txt", "--output-prefix", "o/x", "--split", "0,0,0"], "--split 0,0,0: expected the train, valid"),
+    (["stdlib", "--split", "a,b"], "--split a,b: expected the train, valid and test weights"),
     (["stdlib", "--train-tokenizer", "256"], "--train-tokenizer 256: a byte-level BPE needs at least 257 ids"),
     (["stdlib", "--output-prefix", "mine/x"], "--output-prefix applies only with --input; a named dataset (stdlib)"),
     (["stdlib", "--input", "t.txt", "--output-prefix", "o/x"], "give no dataset name (stdlib) with it"),

@@ -70,6 +70,8 @@ def tiny_checkpoint(tmp_path, **extra):
         (["--top-p", "0"], "--top-p 0.0"),
         (["--top-p", "1.5"], "--top-p 1.5"),
         (["--top-k", "-1"], "--top-k -1"),
+        (["--temperature", "inf"], "--temperature inf"),
+        (["--max-new-tokens", "100000000"], "--max-new-tokens 100000000: expected an integer from 1 to 65,536"),
     ],
 )
 def test_generate_refuses_meaningless_sampling_flags(tmp_path, capsys, flags, message):
@@ -102,3 +104,44 @@ def test_generate_reports_a_bad_tokenizer_before_loading_weights(tmp_path, capsy
     err = capsys.readouterr().err
     assert str(bad) in err and "Traceback" not in err
     assert main([*argv[:-4], "--load", str(checkpoint), "--prompt", "x"]) == 2
+
+
+def test_generate_writes_each_token_as_it_comes_and_ends_the_line(tmp_path, capsys):
+    import io
+
+    from kerple.inference.generate import build_parser, run
+
+    class Writes(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pieces: list[str] = []
+
+        def write(self, text: str) -> int:
+            self.pieces.append(text)
+            return super().write(text)
+
+    config_file, checkpoint = tiny_checkpoint(tmp_path)
+    stream = Writes()
+    args = build_parser().parse_intermixed_args(["--load", str(checkpoint), "--prompt", "kernel",
+                                                 "--max-new-tokens", "12"])
+    text = run(args, stream=stream)
+    assert stream.getvalue() == text + "\n"
+    assert stream.pieces[0] == "kernel" and len([piece for piece in stream.pieces if piece]) == 1 + 12 + 1
+    assert main(["--load", str(checkpoint), "--prompt", "kernel", "--max-new-tokens", "3"]) == 0
+    assert capsys.readouterr().out.endswith("\n")
+
+
+def test_generate_warns_when_the_yaml_names_another_tokenizer_than_the_checkpoint(tmp_path, capsys):
+    from kerple.data.tokenizers import train_bpe_tokenizer
+
+    config_file, checkpoint = tiny_checkpoint(tmp_path)
+    bpe = tmp_path / "bpe.json"
+    train_bpe_tokenizer(["def kernel(x): return x\n"] * 20, 300, bpe)
+    argv = [str(config_file), "tokenizer_type=HFTokenizer", f"vocab_file={bpe}", "--load", str(checkpoint),
+            "--prompt", "kernel", "--max-new-tokens", "2"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "generate.py: warning: tokenizer_type HFTokenizer (<command line>) is not the checkpoint's " \
+           "CharLevelTokenizer" in err
+    assert main([str(config_file), "--load", str(checkpoint), "--prompt", "kernel", "--max-new-tokens", "2"]) == 0
+    assert "warning" not in capsys.readouterr().err

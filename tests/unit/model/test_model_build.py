@@ -92,9 +92,13 @@ def test_unsupported_reason_cases() -> None:
     assert unsupported_reason("flex", PositionKind.WEIGHT, "cuda", True) is None
     assert unsupported_reason("flex", PositionKind.BIAS, "cpu", False) is None
     assert unsupported_reason("flex", PositionKind.BIAS, "cpu", True) == (
-        "FlexAttention has no backward on CPU in torch 2.13; use attention_impl: eager or sdpa for training, "
-        "flex for evaluation"
+        "FlexAttention has no backward on CPU in torch 2.13 (it serves evaluation there); "
+        "use attention_impl: eager or sdpa or auto"
     )
+    # a weight kernel on a CPU: only eager trains it (flex, once suggested here, has no CPU backward)
+    assert unsupported_reason("sdpa", PositionKind.WEIGHT, "cpu", True).endswith("use attention_impl: eager or auto")
+    assert unsupported_reason("sdpa", PositionKind.WEIGHT, "cpu", False).endswith("eager or flex or auto")
+    assert unsupported_reason("flex", PositionKind.WEIGHT, "cpu", True).endswith("use attention_impl: eager or auto")
     assert "unknown attention_impl 'fast'" in unsupported_reason("fast", PositionKind.NONE, "cpu", False)
     assert unsupported_reason("eager", PositionKind.WEIGHT, "cpu", True) is None
 

@@ -70,6 +70,27 @@ def test_a_launch_that_cannot_run_is_refused_before_any_rank_starts(
 def test_train_refuses_a_layout_its_one_process_cannot_run(monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.setattr(cli, "prepare_environment", lambda: None)
+    from kerple.parallel import groups
+
+    monkeypatch.setattr(groups, "prepare_environment", lambda: None)  # train.py imports it after --help
     assert cli.train_main([*TINY, "model_parallel_size=2"]) == 2
     assert "1 process(es) cannot be split" in capsys.readouterr().err
+
+
+def test_the_resolved_config_keeps_the_users_files_and_keys(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """An error of train.py behind deepy.py named logs/resolved-config-*.yml instead of the user's YAML."""
+    from kerple.config import load_config
+
+    tiny = [str(REPO / "configs/models/tiny.yml"), str(REPO / "configs/pe/kerple_log.yml")]
+    monkeypatch.setattr(cli, "run_child", lambda command: 0)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    user = tmp_path / "mine.yml"
+    user.write_text("hidden-size: 64\nnum-attention-heads: 4\n")
+    assert cli.deepy_main(["train.py", *tiny, str(user), "seq_length=96", f"log_dir={tmp_path / 'logs'}"]) == 0
+    resolved = next((tmp_path / "logs").glob("resolved-config-*.yml"))
+    cfg = load_config([str(resolved)])
+    assert cfg.provenance("model.hidden_size") == (str(user), "hidden-size")
+    assert cfg.provenance("model.seq_length") == ("<command line>", "seq_length")
+    assert cfg.provenance("model.num_layers") == (tiny[0], "num-layers")
+    assert cfg.provenance("optimizer.weight_decay")[0] in (tiny[0], "<default>")
+    assert cfg.model.hidden_size == 64 and cfg.model.seq_length == 96

@@ -15,7 +15,7 @@ from kerple.checkpoint import files
 from kerple.training.errors import TrainingError
 from kerple.training.lock import LOCK_NAME, SaveLock
 from kerple.training.trainer import Trainer
-from tiny_run import REPO, corpus, parallel, tiny_config, train, write_corpus
+from tiny_run import REPO, corpus, parallel, tiny_config, tiny_overrides, train, write_corpus
 
 
 def test_missing_load_is_an_error_unless_it_is_save(parallel, corpus: Path, tmp_path: Path) -> None:
@@ -33,17 +33,29 @@ def test_missing_load_is_an_error_unless_it_is_save(parallel, corpus: Path, tmp_
     assert result.status == "finished" and (missing / "latest").read_text() == "global_step2"
 
 
-def test_rerunning_a_finished_training_does_nothing(parallel, corpus: Path, tmp_path: Path) -> None:
+def test_rerunning_a_finished_training_does_nothing(parallel, corpus: Path, tmp_path: Path, monkeypatch,
+                                                    capsys) -> None:
     save = tmp_path / "run"
     settings = dict(train_iters=3, lr_decay_iters=3, save=str(save), load=str(save), eval_interval=2, eval_iters=1)
+    settings.update(log_dir=str(tmp_path / "logs"), tensorboard_dir=str(tmp_path / "tensorboard"))
     first = train(tiny_config(corpus, **settings), parallel)
     assert first.status == "finished" and first.eval_losses
     final = save / "global_step3"
-    written = {p: p.stat().st_mtime_ns for p in final.rglob("*")}
+    written = {p: p.stat().st_mtime_ns for p in [*final.rglob("*"), *tmp_path.glob("logs/*"), *tmp_path.glob("tensorboard/*")]}
     again = train(tiny_config(corpus, **settings), parallel)
     assert again.status == "already finished" and again.iteration == 3
     assert again.eval_losses == [] and again.losses == [] and again.last_checkpoint == final
-    assert {p: p.stat().st_mtime_ns for p in final.rglob("*")} == written
+    # not even a TensorBoard event file or a metrics line (a second event file was written)
+    assert {p: p.stat().st_mtime_ns for p in [*final.rglob("*"), *tmp_path.glob("logs/*"), *tmp_path.glob("tensorboard/*")]} == written
+    argv = ["train.py", str(REPO / "configs/models/tiny.yml"),
+            *[f"{key}={'' if value is None else value}" for key, value in tiny_overrides(corpus, **settings).items()]]
+    from kerple.training import cli
+
+    monkeypatch.setattr(cli, "run_child", lambda command: pytest.fail(f"launched {command}"))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert cli.deepy_main(argv) == 0  # deepy says so too, and writes no resolved config
+    assert f"deepy: training already finished: {final} is step 3 of 3" in capsys.readouterr().out
+    assert not list((tmp_path / "logs").glob("resolved-config-*"))
 
 
 def test_two_trainings_cannot_share_a_save_folder(parallel, corpus: Path, tmp_path: Path) -> None:
@@ -98,6 +110,45 @@ def test_a_corpus_without_a_validation_split_warns(parallel, tmp_path: Path, cap
     assert "validation split" in caplog.text and "'99,1,0'" in caplog.text and "without validation" in caplog.text
 
 
+def test_a_test_split_shorter_than_a_sample_does_not_stop_training(parallel, tmp_path: Path) -> None:
+    """The trainer never reads the test split (evaluate.py does), so it does not build it: a test part
+    of one document (at most 120 tokens) once refused every seq_length above it."""
+    small = write_corpus(tmp_path / "small", documents=100)
+    cfg = tiny_config(small, train_iters=1, split="90,9,1", seq_length=128, max_position_embeddings=128).resolve_batch(1)
+    trainer = Trainer(cfg, parallel)
+    trainer.close()
+
+
+def test_a_diverged_run_names_a_checkpoint_only_where_there_is_one(parallel, corpus: Path, tmp_path: Path) -> None:
+    """It said "the last good checkpoint is in DIR" of a folder that held none."""
+    from kerple.training.errors import TrainingDivergedError
+
+    save = tmp_path / "run"
+    with pytest.raises(TrainingDivergedError) as raised:
+        train(tiny_config(corpus, train_iters=20, lr=1e30, warmup=0.0, save=str(save)), parallel)
+    assert "no checkpoint was written yet (save_interval 1000); the run starts over from step 0" in str(raised.value)
+    assert not (save / "latest").exists()
+    train(tiny_config(corpus, train_iters=2, lr_decay_iters=2, save=str(save), load=str(save)), parallel)
+    with pytest.raises(TrainingDivergedError) as raised:
+        train(tiny_config(corpus, train_iters=20, lr=1e30, warmup=0.0, save=str(save), load=str(save),
+                          override_lr_scheduler=True), parallel)
+    assert f"the last good checkpoint is {save / 'global_step2'}" in str(raised.value)
+
+
+def test_a_new_save_folder_with_an_old_load_says_to_set_load_too(parallel, corpus: Path, tmp_path: Path) -> None:
+    """`save=new` alone, with a YAML's `load` naming a kerple_log run and `pos_emb` alibi, said to use the
+    old checkpoint's config, which would continue the old run rather than start the new one."""
+    old, new = tmp_path / "tiny", tmp_path / "tiny_alibi"
+    train(tiny_config(corpus, train_iters=2, lr_decay_iters=2, save=str(old), load=str(old)), parallel)
+    cfg = tiny_config(corpus, train_iters=2, pos_emb="alibi", save=str(new), load=str(old)).resolve_batch(1)
+    with pytest.raises(TrainingError) as raised:
+        Trainer(cfg, parallel)
+    message = str(raised.value)
+    assert f"load: {old} (<command line>) is another run than save: {new} (<command line>)" in message
+    assert f"To start a new run in {new}, set load={new} too (resume-or-start)" in message and "pos_emb" in message
+    assert not new.exists() or not list(new.iterdir())
+
+
 def test_the_first_step_is_reported_at_once(parallel, corpus: Path, tmp_path: Path, capsys) -> None:
     train(tiny_config(corpus, train_iters=3, log_interval=100, save=str(tmp_path / "run")), parallel)
     steps = [line.split("|")[0].split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
@@ -112,3 +163,19 @@ def test_a_decay_length_from_a_file_that_the_run_does_not_reach_is_said(corpus: 
     assert "set lr_decay_iters=30" in note
     assert decay_note(tiny_config(corpus, train_iters=30)) == ""  # unset: NeoX's default, decay over train_iters
     assert "stays at min_lr" in decay_note(tiny_config(corpus, train_iters=300, lr_decay_iters=200))
+
+
+def test_a_resumed_schedule_says_what_it_follows(parallel, corpus: Path, tmp_path: Path, capsys) -> None:
+    """With use_checkpoint_lr_scheduler and a new train_iters the banner said "cosine over 120" while
+    the rate followed the checkpoint's 200-step schedule."""
+    save = tmp_path / "run"
+    train(tiny_config(corpus, train_iters=2, lr_decay_iters=200, save=str(save), load=str(save)), parallel)
+    capsys.readouterr()
+    cfg = tiny_config(corpus, train_iters=4, lr_decay_iters=None, save=str(save), load=str(save),
+                      use_checkpoint_lr_scheduler=True).resolve_batch(1)
+    trainer = Trainer(cfg, parallel)
+    trainer.close()
+    schedule = capsys.readouterr().out.split("  schedule   ")[1].split("\n  data")[0]
+    assert schedule.startswith("4 steps from 2, lr 0.003 cosine over 200 (")
+    assert "the checkpoint's schedule (use_checkpoint_lr_scheduler), not the config's lr 0.003 cosine over 4" in schedule
+    assert "its decay over 200 differs from train_iters=4: the run stops before the decay ends" in schedule
