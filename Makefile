@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export WANDB_MODE ?= offline
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: install test demo analysis-demo clean-venv docs gpu-check gpu-reproduce gpu-wheels
+.PHONY: install test demo demo-extension analysis-demo clean-venv docs gpu-check gpu-reproduce gpu-wheels
 
 install: $(STAMP)
 
@@ -28,6 +28,11 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) tools/demo.py
+
+# PI and YaRN fine-tuned at 4x the train length beside KERPLE-log, ALiBi and rotary given the same steps
+# (docs/context-extension.md); trains the demo's base models first when they are missing
+demo-extension: $(STAMP)
+	$(PY) tools/demo_extension.py $(EXTENSION_ARGS)
 
 # receptive field, attention alignment, passkey retrieval and NoPE variance of `make demo`'s models;
 # `make analysis-demo ANALYSIS_ARGS=--table41` also trains and analyses the thesis' Table 4.1 variants

@@ -6,7 +6,8 @@
    ``train.py``: KERPLE's paper's set, Sandwich, and three that came after KERPLE (FIRE, CABLE, xPos);
 3. evaluates each with ``evaluate.py`` at 1x, 2x, 4x, 8x and 16x the train length (non-overlapping
    windows, the same scored tokens at every length; KERPLE §5.2), plus KERPLE-log with attention
-   windowed to the train length (§5.5);
+   windowed to the train length (§5.5), and the rotary model zero-shot with Position Interpolation,
+   dynamic NTK and YaRN (``rope_scaling``; ``tools/demo_extension.py``, which also fine-tunes them);
 4. prints the Table-3-style table and checks the paper's qualitative result; writes the figures
    (perplexity vs length, position-wise perplexity, learned kernels, effective lengths).
 
@@ -31,8 +32,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))  # demo_extension, also when this file is imported
 
 from kerple.errors import entry_point  # noqa: E402
+from demo_extension import merge_zero_shot, zero_shot_commands  # noqa: E402
 
 PYTHON = sys.executable
 POS_EMBS = ("kerple_log", "kerple_power", "alibi", "rpe", "rotary", "sinusoidal", "sandwich", "fire", "cable", "xpos")
@@ -203,6 +206,10 @@ def commands_for(pos_emb: str, args: argparse.Namespace, data: DemoData) -> list
     if pos_emb == "kerple_log":
         commands.append([*evaluate, "--attention-window", str(args.train_length),
                          "--output", f"{args.results}/{pos_emb}-windowed.json"])
+    if pos_emb == "rotary":  # the same model with PI, dynamic NTK and YaRN, evaluation only
+        plain = [PYTHON, "evaluate.py", *common, "--protocol", "nonoverlap", "--num-tokens", str(args.num_tokens),
+                 "--no-progress"]
+        commands += zero_shot_commands(plain, ROOT / args.results, args.train_length, FACTORS)
     return commands
 
 
@@ -322,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     from kerple.evaluation.compare import compare
 
     result_files = [ROOT / args.results / f"{n}.json" for n in names]
+    if "rotary" in names:
+        result_files += merge_zero_shot(ROOT / args.results, FACTORS)
     windowed = ROOT / args.results / "kerple_log-windowed.json"
     text, written = compare([*result_files, *([windowed] if windowed.is_file() else [])],
                             reference="kerple_log" if "kerple_log" in names else names[0])

@@ -150,17 +150,20 @@ def _same(value: Any, want: Any) -> bool:
 
 
 def check_architecture(arch: dict[str, Any], cfg: Any, source: str | Path, *, model_parallel_size: int = 1) -> None:
-    """Raise :class:`ArchitectureMismatchError` naming every field where ``arch`` and ``cfg`` differ.
+    """Raise :class:`ArchitectureMismatchError` naming every field where ``arch`` and ``cfg`` differ
+    (the positional options of how a model is run, such as ``rope_scaling``, may differ).
 
     ``arch`` comes from :func:`state_architecture` or :func:`checkpoint_architecture`;
     ``model_parallel_size`` (of the checkpoint) explains a padded-vocabulary mismatch.
     """
+    from kerple import positional
+
     wanted = _wanted(cfg)
     problems: list[str] = []
     fields: list[str] = []
     for name, value in arch.items():
         want = wanted.get(name)
-        if (want is None and name != "pos_emb") or _same(value, want):
+        if (want is None and name != "pos_emb") or _same(value, want) or name in positional.runtime_option_names():
             continue
         fields.append(name)
         hint = ""

@@ -3,9 +3,10 @@
 Which class an export loads in (see docs/interop.md):
 
 * ``gpt_neox`` - :class:`transformers.GPTNeoXForCausalLM`, for ``rotary`` (``rotary_pct``,
-  ``rotary_emb_base``) and ``none`` (NoPE = rotary with ``partial_rotary_factor`` 0), LayerNorm,
-  exact GELU, either residual form (``use_parallel_residual`` = ``gpt_j_residual``). The fused QKV
-  of HF GPTNeoX is laid out per head exactly as GPT-NeoX's, so tensors are renamed, not permuted.
+  ``rotary_emb_base``, ``rope_scaling``: written into ``rope_parameters`` and as ``rope_scaling``) and
+  ``none`` (NoPE = rotary with ``partial_rotary_factor`` 0), LayerNorm, exact GELU, either residual
+  form (``use_parallel_residual`` = ``gpt_j_residual``). The fused QKV of HF GPTNeoX is laid out per
+  head exactly as GPT-NeoX's, so tensors are renamed, not permuted.
 * ``gpt2`` - :class:`transformers.GPT2LMHeadModel`, for ``learned`` absolute positions (HF GPTNeoX
   has no learned position table) with the sequential residual: GPT-2 is the same pre-LN block, so
   the weights map exactly (Conv1D stores ``W^T``; its ``c_attn`` wants q, k, v blocks, not
@@ -37,6 +38,7 @@ import torch
 from kerple.checkpoint.errors import CheckpointError
 from kerple.checkpoint.hf_kerple import export_note, kerple_config, write_remote_code
 from kerple.checkpoint.neox_layout import positional_module_key
+from kerple.positional.rope_scaling import KERPLE_KEYS, NO_SCALING, rope_parameters
 
 LAYER_KEYS: tuple[str, ...] = (
     "input_layernorm.weight",
@@ -94,6 +96,7 @@ def _architecture(config: dict[str, Any]) -> dict[str, Any]:
         "max_positions": int(config.get("max_position_embeddings") or seq_length),
         "rotary_pct": float(config.get("rotary_pct", 1.0)),
         "rotary_emb_base": float(config.get("rotary_emb_base", 10000.0)),
+        "rope_scaling": config.get("rope_scaling"),
         "attention_window": config.get("attention_window"),
     }
 
@@ -194,6 +197,8 @@ def _hf_config(target: str, config: dict[str, Any], state: dict[str, torch.Tenso
     if target == "kerple":
         return kerple_config(config, state, common)
     rotary_pct = 0.0 if arch["pos_emb"] == "none" else arch["rotary_pct"]
+    rope = rope_parameters(arch["rope_scaling"], rotary_pct=rotary_pct, base=arch["rotary_emb_base"])
+    scaling = {"rope_scaling": arch["rope_scaling"]} if arch["rope_scaling"] else {}  # the key transformers 4 reads
     return {
         "architectures": ["GPTNeoXForCausalLM"],
         "model_type": "gpt_neox",
@@ -210,14 +215,17 @@ def _hf_config(target: str, config: dict[str, Any], state: dict[str, torch.Tenso
         "attention_dropout": 0.0,
         "rotary_pct": rotary_pct,
         "rotary_emb_base": arch["rotary_emb_base"],
-        "rope_parameters": {"rope_type": "default", "rope_theta": arch["rotary_emb_base"], "partial_rotary_factor": rotary_pct},
+        "rope_parameters": rope,
+        **scaling,
         **common,
     }
 
 
-def _copy_tokenizer(files: Iterable[str | Path], folder: Path, max_length: int) -> int | None:
+def _copy_tokenizer(files: Iterable[str | Path], folder: Path, max_length: int | None) -> int | None:
     """Copy the tokenizer files into ``folder`` with a ``tokenizer_config.json`` naming the
-    end-of-document token as ``eos_token`` and ``bos_token``; returns its id (``None``: no tokenizer)."""
+    end-of-document token as ``eos_token``, ``bos_token`` and ``pad_token`` (so ``padding=True``
+    works; the mask hides it); returns its id (``None``: no tokenizer). ``model_max_length`` is
+    ``max_length``, left unset (transformers' "no limit") for a model without a position table."""
     from kerple.data.tokenizers import GPT2BPETokenizer, HFTokenizer
 
     names = {}
@@ -234,14 +242,16 @@ def _copy_tokenizer(files: Iterable[str | Path], folder: Path, max_length: int) 
         names[target] = True
     if "tokenizer.json" in names:
         kerple_tokenizer = HFTokenizer(folder / "tokenizer.json")
-        tok = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length}
+        tok = {"tokenizer_class": "PreTrainedTokenizerFast"}
     elif "vocab.json" in names and "merges.txt" in names:
         kerple_tokenizer = GPT2BPETokenizer(folder / "vocab.json", folder / "merges.txt")
-        tok = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": max_length, "unk_token": "<|endoftext|>"}
+        tok = {"tokenizer_class": "GPT2Tokenizer", "unk_token": "<|endoftext|>"}
     else:
         return None
+    if max_length:
+        tok["model_max_length"] = max_length
     eod = kerple_tokenizer.eod
-    tok["eos_token"] = tok["bos_token"] = kerple_tokenizer.backend.id_to_token(eod)
+    tok["eos_token"] = tok["bos_token"] = tok["pad_token"] = kerple_tokenizer.backend.id_to_token(eod)
     (folder / "tokenizer_config.json").write_text(json.dumps(tok, indent=1) + "\n")
     return eod
 
@@ -292,13 +302,17 @@ def export_huggingface(
     temporary = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-"))
     try:
         save_file(tensors, str(temporary / "model.safetensors"), metadata={"format": "pt"})
-        eod = _copy_tokenizer(tokenizer_files, temporary, _architecture(config)["max_positions"])
+        # a learned table (GPT-2's n_positions, KerpleForCausalLM's max_position_embeddings) limits the
+        # input; rotary and the relative biases read longer inputs than they were trained on
+        table = hf.get("n_positions") or (hf.get("max_position_embeddings") if target == "kerple" else None)
+        eod = _copy_tokenizer(tokenizer_files, temporary, table)
         eos = eos_token_id if eos_token_id is not None else eod
         if eos is not None and eos < hf["vocab_size"]:
-            hf.update(bos_token_id=eos, eos_token_id=eos)
+            hf.update(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
         (temporary / "config.json").write_text(json.dumps(hf, indent=1, default=str) + "\n")
         if target == "kerple":
             write_remote_code(temporary)
+        readable_like_a_new_folder(temporary)
         if out.exists():
             out.rmdir()
         os.replace(temporary, out)
@@ -306,6 +320,17 @@ def export_huggingface(
         shutil.rmtree(temporary, ignore_errors=True)
         raise
     return out
+
+
+def readable_like_a_new_folder(folder: Path) -> None:
+    """Give ``folder`` and its files the modes ``mkdir`` and ``open`` would (0777 and 0666 less the
+    umask): it was made by ``mkdtemp`` (0700) and safetensors writes 0600, so an export was readable
+    by its owner alone."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for path in folder.rglob("*"):
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+    os.chmod(folder, 0o777 & ~mask)
 
 
 def describe_export(config: dict[str, Any], target: str | None = None) -> str:
@@ -332,8 +357,10 @@ def _config_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
             "no_weight_tying": not hf.get("tie_word_embeddings", True),
             "gpt_j_residual": False,
         }
-    rope = hf.get("rope_parameters") or {}
+    rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
     pct = float(rope.get("partial_rotary_factor", hf.get("rotary_pct", 1.0)))
+    scaling = {key: value for key, value in rope.items() if key not in KERPLE_KEYS}
+    scaling["rope_type"] = scaling.pop("type", scaling.get("rope_type", NO_SCALING))
     return {
         "num_layers": int(hf["num_hidden_layers"]),
         "hidden_size": int(hf["hidden_size"]),
@@ -344,6 +371,7 @@ def _config_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
         "pos_emb": "none" if pct == 0.0 else "rotary",
         "rotary_pct": pct if pct > 0 else 1.0,
         "rotary_emb_base": float(rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0))),
+        "rope_scaling": None if scaling["rope_type"] == NO_SCALING else scaling,
         "layernorm_epsilon": float(hf.get("layer_norm_eps", 1e-5)),
         "gpt_j_residual": bool(hf.get("use_parallel_residual", True)),
         "no_weight_tying": not hf.get("tie_word_embeddings", False),

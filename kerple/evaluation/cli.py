@@ -26,7 +26,7 @@ import torch
 from kerple.atomic import write_json_atomic as _write_json_atomic
 from kerple.cli import add_config_arguments
 from kerple.config import split_arguments
-from kerple.errors import entry_point
+from kerple.errors import INTERRUPTED_STATUS, entry_point
 from kerple.outputs import check_output_file
 from kerple.evaluation import protocols
 from kerple.evaluation.errors import EvaluationError
@@ -37,6 +37,7 @@ from kerple.evaluation.runner import (
     available_bytes,
     cache_window_loss_fn,
     dataset_name,
+    document_names,
     estimate_forward_bytes,
     evaluate_plan,
     fit_batch_size,
@@ -167,7 +168,8 @@ def format_documents(result: LengthResult, shown: int = DOCUMENTS_SHOWN) -> str:
     """The largest documents' perplexity at one length (all of them are in the results file)."""
     rows = result.per_document or []
     lines = [f"  L={result.length}: {len(rows)} documents; the {min(shown, len(rows))} with most scored tokens:"]
-    lines += [f"    document {r['document']:>6}  {r['tokens']:>9} tokens  ppl {r['ppl']:.3f}" for r in rows[:shown]]
+    lines += [f"    {r.get('name') or 'document ' + str(r['document']):<32}  {r['tokens']:>9} tokens  ppl {r['ppl']:.3f}"
+              for r in rows[:shown]]
     return "\n".join(lines)
 
 
@@ -235,6 +237,7 @@ def results_document(
         "format": RESULTS_FORMAT,
         "run": {
             "pos_emb": cfg.positional.pos_emb,
+            "rope_scaling": cfg.positional.rope_scaling,
             "dataset": dataset_name(cfg),
             "seed": cfg.training.seed,
             "train_seq_length": cfg.model.seq_length,
@@ -297,6 +300,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     documents = load_split_documents(cfg, args.split)
     stream = np.concatenate(documents)
     document_of = np.repeat(np.arange(len(documents)), [len(d) for d in documents]) if args.per_document else None
+    names = document_names(cfg, args.split, len(documents)) if args.per_document else None
     args.num_tokens = scored_token_budget(args, lengths, len(stream))  # as recorded in the results
     plans = protocols.build_plans(
         args.protocol, len(stream), lengths, stride=args.stride, num_tokens=args.num_tokens, num_windows=args.num_windows
@@ -318,6 +322,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 progress=not args.no_progress, document_of=document_of,
                 on_windows=lambda k, c=cost: overall.update(min(k * c * rate, overall.total - overall.n)),  # no float overshoot
             )
+            if result.per_document is not None and names is not None:
+                for row in result.per_document:
+                    row["name"] = names[row["document"]]
             results.append(result)
             overall.write(f"L={plan.length}: loss {result.loss:.4f}  ppl {result.ppl:.3f}", file=sys.stderr)
             if result.per_document is not None:
@@ -331,6 +338,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             doc["complete"] = len(results) == len(plans)
             write_json_atomic(doc, args.output)
+            args.finished_lengths = [result.length for result in results]  # what an interruption keeps
         overall.close()
     print(format_table(results))
     print(f"wrote {args.output}")
@@ -339,7 +347,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 @entry_point("evaluate.py")
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``evaluate.py``; returns 2 on bad configs or impossible evaluations."""
-    run(build_parser().parse_intermixed_args(argv))
+    """Entry point of ``evaluate.py``; returns 2 on bad configs or impossible evaluations, 130 when
+    interrupted (Ctrl-C), saying which lengths the results file keeps."""
+    args = build_parser().parse_intermixed_args(argv)
+    try:
+        run(args)
+    except KeyboardInterrupt:
+        finished = getattr(args, "finished_lengths", [])
+        kept = (f"{args.output} holds the lengths it finished ({', '.join(map(str, finished))}; complete: false)"
+                if finished else f"no length finished; {args.output} was not written")
+        print(f"evaluate.py: interrupted; {kept}", file=sys.stderr)
+        return INTERRUPTED_STATUS
     return 0
 

@@ -40,6 +40,15 @@ DISPLAY_NAMES = {
     "learned": "Learned",
     "none": "NoPE",
 }
+# RoPE context extension (``rope_scaling.rope_type``), shown after the embedding: "Rotary + YaRN"
+ROPE_TYPE_NAMES = {
+    "linear": "PI",
+    "dynamic": "dynamic NTK",
+    "yarn": "YaRN",
+    "llama3": "Llama 3",
+    "longrope": "LongRoPE",
+    "proportional": "proportional",
+}
 
 
 @dataclass(frozen=True)
@@ -47,7 +56,7 @@ class RunResult:
     """One ``results.json`` written by ``evaluate.py``: one model (embedding, dataset, seed)."""
 
     path: str
-    variant: str  # pos_emb, suffixed "-windowed@W" when evaluated with an attention window
+    variant: str  # pos_emb, then "+<rope_type>" with rope_scaling, "-windowed@W" with an attention window
     dataset: str
     seed: int | None
     train_length: int | None
@@ -67,6 +76,9 @@ def load_run(path: str | Path) -> RunResult:
         reason = f"no key {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0][:120]
         raise EvaluationError(f"{path}: not an evaluate.py results file ({reason})") from exc
     variant = str(run["pos_emb"])
+    rope_type = (run.get("rope_scaling") or {}).get("rope_type", "default")
+    if rope_type != "default":
+        variant += f"+{rope_type}"
     if protocol.get("attention_window"):
         variant += f"-windowed@{protocol['attention_window']}"
     return RunResult(
@@ -129,10 +141,12 @@ class Table:
     cells: dict[tuple[int, str], Cell]
 
 
-def _variant_order(variant: str) -> tuple[int, str]:
-    base = variant.split("-windowed@")[0]
-    order = list(DISPLAY_NAMES)
-    return (order.index(base) if base in order else len(order), variant)
+def _variant_order(variant: str) -> tuple[int, int, str]:
+    """Table 3's order; an embedding's ``rope_scaling`` variants right after it, in ``ROPE_TYPE_NAMES``' order."""
+    base, _, rope_type = variant.split("-windowed@")[0].partition("+")
+    order, rope_order = list(DISPLAY_NAMES), ["", *ROPE_TYPE_NAMES]
+    rope_rank = rope_order.index(rope_type) if rope_type in rope_order else len(rope_order)
+    return (order.index(base) if base in order else len(order), rope_rank, variant)
 
 
 def build_tables(runs: Sequence[RunResult], reference: str, alpha: float = ALPHA) -> list[Table]:
@@ -178,7 +192,10 @@ def format_mean_std(mean: float, std: float) -> str:
 
 def display_name(variant: str) -> str:
     base, _, window = variant.partition("-windowed@")
+    base, _, rope_type = base.partition("+")
     name = DISPLAY_NAMES.get(base, base)
+    if rope_type:
+        name += f" + {ROPE_TYPE_NAMES.get(rope_type, rope_type)}"
     return f"{name} windowed@{window}" if window else name
 
 

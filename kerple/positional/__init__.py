@@ -125,6 +125,31 @@ def option_names() -> tuple[str, ...]:
     return tuple(spec.name for spec in option_specs())
 
 
+def runtime_option_names() -> tuple[str, ...]:
+    """The options that say how a trained model is run, not what its weights mean (declared with
+    ``weights_bound=False``): a checkpoint's recorded value does not bind them."""
+    return tuple(spec.name for spec in option_specs() if not spec.weights_bound)
+
+
+def options_problem(
+    name: str, options: dict[str, Any], *, head_dim: int, max_positions: int
+) -> tuple[str, str] | None:
+    """``(option, what is wrong)`` for the options of a config whose ``pos_emb`` is ``name``, or ``None``.
+
+    An option declared with ``refuse_elsewhere`` and set here must be one the family declares:
+    ``rope_scaling`` on a KERPLE model would otherwise be ignored without a word. Then the family's
+    own :meth:`~PositionalEmbedding.options_problem` checks the values against the model's shape.
+    """
+    cls = family(name)
+    declared = {field.name for field in dataclasses.fields(cls.options_class)} if cls.options_class else set()
+    for spec in option_specs():
+        if spec.refuse_elsewhere and options.get(spec.name) not in (None, spec.default) and spec.name not in declared:
+            takers = ", ".join(n for n, c in _REGISTRY.items() if c.options_class and spec.name in
+                               {f.name for f in dataclasses.fields(c.options_class)})
+            return spec.name, f"is an option of {takers}; pos_emb {canonical(name)!r} does not take it, remove it"
+    return cls.options_problem(options, head_dim=head_dim, max_positions=max_positions)
+
+
 def build(
     name: str,
     *,
@@ -175,4 +200,6 @@ __all__ = [
     "names",
     "option_names",
     "option_specs",
+    "options_problem",
+    "runtime_option_names",
 ]

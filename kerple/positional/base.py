@@ -194,6 +194,13 @@ class PositionalEmbedding(nn.Module):
         self.hidden_size = hidden_size
         self.max_positions = max_positions
 
+    @classmethod
+    def options_problem(cls, options: dict[str, Any], *, head_dim: int, max_positions: int) -> tuple[str, str] | None:
+        """``(option, what is wrong)`` for an option value that this model shape cannot take, checked
+        when the config loads (``options``: the config's options by name, ``None`` where unset); ``None``
+        when all fit. The default accepts everything."""
+        return None
+
     # --- input hook -------------------------------------------------------------------------
     def embed(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Return token embeddings ``hidden [b, s, h]`` with position information added.

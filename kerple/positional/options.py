@@ -28,6 +28,8 @@ def option(
     minimum: float | None = None,
     maximum: float | None = None,
     check: Check | None = None,
+    refuse_elsewhere: bool = False,
+    weights_bound: bool = True,
 ) -> Any:
     """Declare one option field of a family's options dataclass.
 
@@ -36,8 +38,14 @@ def option(
         help: one sentence for the config reference page.
         minimum, maximum: inclusive bounds, checked when a config file sets the key.
         check: a further rule, checked when the config is validated (never given ``None``).
+        refuse_elsewhere: a config whose ``pos_emb`` does not declare the option may not set it
+            (other options of other families are ignored, so that one file serves several embeddings).
+        weights_bound: ``False`` for a setting of how a trained model is run rather than of what its
+            weights mean (``rope_scaling``: zero-shot context extension); loading a checkpoint then
+            does not compare the recorded value with the config's.
     """
-    metadata = {"help": help, "minimum": minimum, "maximum": maximum, "check": check}
+    metadata = {"help": help, "minimum": minimum, "maximum": maximum, "check": check,
+                "refuse_elsewhere": refuse_elsewhere, "weights_bound": weights_bound}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -52,6 +60,8 @@ class OptionSpec:
     minimum: float | None
     maximum: float | None
     check: Check | None
+    refuse_elsewhere: bool = False
+    weights_bound: bool = True
 
 
 def declared_options(options_class: type) -> tuple[OptionSpec, ...]:
@@ -66,6 +76,8 @@ def declared_options(options_class: type) -> tuple[OptionSpec, ...]:
             minimum=field.metadata["minimum"],
             maximum=field.metadata["maximum"],
             check=field.metadata["check"],
+            refuse_elsewhere=field.metadata["refuse_elsewhere"],
+            weights_bound=field.metadata["weights_bound"],
         )
         for field in dataclasses.fields(options_class)
     )

@@ -6,6 +6,12 @@ rotated; the rest pass through. Within the rotated part the "rotate_half" layout
 
     x' = x * cos(t * θ) + rotate_half(x) * sin(t * θ),   rotate_half([x1, x2]) = [-x2, x1],
     θ = cat(inv_freq, inv_freq),   inv_freq = 1 / base ** (arange(0, rotary_ndims, 2) / rotary_ndims).
+
+``rope_scaling`` (``{rope_type: yarn, factor: 4, original_max_position_embeddings: 512}``, spelled as
+``transformers``' ``rope_parameters``) replaces ``inv_freq`` in the rotation by the frequencies of a
+context-extension method and multiplies cos and sin by its attention factor, both computed by
+``transformers`` (:mod:`kerple.positional.rope_scaling`). The stored ``inv_freq`` stays the base
+frequencies, so a checkpoint trained without scaling loads into a model with it and back.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import torch
 
 from kerple.positional.base import PositionalEmbedding, PositionKind
 from kerple.positional.options import option
+from kerple.positional.rope_scaling import NO_SCALING, RopeFrequencies, rope_scaling_problem
 
 
 @dataclass(frozen=True)
@@ -25,6 +32,15 @@ class RotaryOptions:
 
     rotary_pct: float = option(1.0, "Fraction of each head's dimensions rotated (rotary).", minimum=0.0, maximum=1.0)
     rotary_emb_base: float = option(10000.0, "Base of the rotary frequencies.", minimum=1.0)
+    rope_scaling: dict | None = option(
+        None,
+        "RoPE context extension as transformers spells rope_parameters, e.g. {rope_type: yarn, factor: 4, "
+        "original_max_position_embeddings: 512}; rope_type one of default, linear (Position Interpolation), "
+        "dynamic (dynamic NTK), yarn, longrope, llama3, proportional; computed by transformers' "
+        "ROPE_INIT_FUNCTIONS (docs/context-extension.md).",
+        refuse_elsewhere=True,
+        weights_bound=False,
+    )
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -66,11 +82,40 @@ class RotaryEmbedding(PositionalEmbedding):
         self.base = float(options.rotary_emb_base)
         exponents = torch.arange(0, self.rotary_ndims, 2, dtype=torch.float32) / self.rotary_ndims
         self.register_buffer("inv_freq", 1.0 / (self.base**exponents))
+        self.rope_frequencies = scaled_frequencies(options, head_dim=head_dim, max_positions=max_positions)
+        if self.rope_frequencies is not None:  # proportional RoPE rotates the whole head
+            self.rotary_ndims = 2 * self.rope_frequencies.at(max_positions, self.inv_freq.device)[0].numel()
+
+    @classmethod
+    def options_problem(cls, options: dict[str, Any], *, head_dim: int, max_positions: int) -> tuple[str, str] | None:
+        """``rope_scaling`` checked against this shape (``transformers``' validator among others)."""
+        rope_scaling = options.get("rope_scaling")
+        if rope_scaling is None:
+            return None
+        defaults = cls.options_class()
+        problem = rope_scaling_problem(
+            rope_scaling, head_dim=head_dim, max_positions=max_positions,
+            rotary_pct=float(_given(options, "rotary_pct", defaults.rotary_pct)),
+            base=float(_given(options, "rotary_emb_base", defaults.rotary_emb_base)),
+        )
+        return None if problem is None else ("rope_scaling", problem)
+
+    def frequencies(self, length: int) -> tuple[torch.Tensor, float]:
+        """``(inv_freq [rotary_ndims/2], attention factor)`` of a forward over positions ``< length``:
+        the stored base frequencies and 1, or those of ``rope_scaling`` at that length."""
+        if self.rope_frequencies is None:
+            return self.inv_freq.float(), 1.0
+        return self.rope_frequencies.at(length, self.inv_freq.device)
 
     def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = positions.to(device=self.inv_freq.device, dtype=torch.float32)[:, None] * self.inv_freq.float()
+        scaled = self.rope_frequencies
+        length = int(positions.max()) + 1 if scaled is not None and scaled.length_dependent and positions.numel() else 0
+        inv_freq, factor = self.frequencies(length)
+        angles = positions.to(device=inv_freq.device, dtype=torch.float32)[:, None] * inv_freq
         angles = torch.cat([angles, angles], dim=-1)  # [s, rotary_ndims]
-        return angles.cos(), angles.sin()
+        if factor == 1.0:
+            return angles.cos(), angles.sin()
+        return angles.cos() * factor, angles.sin() * factor  # transformers' attention_scaling (YaRN's sqrt(1/t))
 
     def _rotate_one(self, x: torch.Tensor, positions: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
         """The rotated channels of ``x [b, H, s, head_dim]``, each then multiplied by ``scale [s, rotary_ndims]``
@@ -90,4 +135,30 @@ class RotaryEmbedding(PositionalEmbedding):
         return self._rotate_one(query, q_positions), self._rotate_one(key, k_positions)
 
     def export_terms(self) -> dict[str, dict[str, Any]]:
+        refuse_rope_scaling(self)
         return {"query_key": {"form": "rotary", "inv_freq": {"tensor": "inv_freq"}}}
+
+
+def _given(options: dict[str, Any], name: str, default: Any) -> Any:
+    value = options.get(name)
+    return default if value is None else value
+
+
+def scaled_frequencies(options: RotaryOptions, *, head_dim: int, max_positions: int) -> RopeFrequencies | None:
+    """The ``rope_scaling`` frequencies of ``options``, or ``None`` when there is none (or ``default``)."""
+    rope_scaling = options.rope_scaling
+    if rope_scaling is None or rope_scaling.get("rope_type") == NO_SCALING:
+        return None
+    return RopeFrequencies.build(
+        rope_scaling, head_dim=head_dim, rotary_pct=float(options.rotary_pct), base=float(options.rotary_emb_base),
+        max_positions=max_positions,
+    )
+
+
+def refuse_rope_scaling(module: RotaryEmbedding) -> None:
+    """``KerpleForCausalLM``'s query/key forms take fixed frequencies; a scaled model exports as stock GPTNeoX."""
+    if module.rope_frequencies is not None:
+        raise NotImplementedError(
+            "KerpleForCausalLM does not carry rope_scaling; a rotary model with rope_scaling exports as stock "
+            "GPTNeoXForCausalLM (--hf-target gpt_neox), whose config holds it"
+        )

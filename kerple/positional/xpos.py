@@ -20,6 +20,9 @@ cache keeps keys scaled at earlier calls, and a centre that moved with the lengt
 Range: the largest factor is ``(1/ζ_0)^(|t - centre|/B)`` = ``3.5^(|t - centre|/512)`` at γ = 0.4;
 it stays within float32/bfloat16 (3.4e38) up to ``|t - centre|`` ≈ 36,000 positions, and within
 float16 (65,504) only up to about 4,500: half-precision runs should use bf16.
+
+``rope_scaling`` (rotary's option) rescales the rotation's frequencies as for ``rotary``; the decay
+keeps its positions (every ``rope_type`` but ``proportional``, which would rotate channels ζ does not cover).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 import torch
 
 from kerple.positional.options import option
-from kerple.positional.rotary import RotaryEmbedding, RotaryOptions
+from kerple.positional.rotary import RotaryEmbedding, RotaryOptions, refuse_rope_scaling
 
 
 def _positive(value: float) -> str | None:
@@ -71,6 +74,8 @@ class XposEmbedding(RotaryEmbedding):
         max_positions: int,
         options: XposOptions = XposOptions(),
     ) -> None:
+        if (options.rope_scaling or {}).get("rope_type") == "proportional":
+            raise ValueError("xpos's decay covers the rotary_pct channels only: use another rope_type")
         super().__init__(
             num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions,
             options=options,
@@ -81,6 +86,14 @@ class XposEmbedding(RotaryEmbedding):
         self.scale_base = float(options.xpos_scale_base)
         self.centre = max_positions // 2
         self.register_buffer("decay", xpos_decay(self.rotary_ndims, float(options.xpos_gamma)))
+
+    @classmethod
+    def options_problem(cls, options: dict[str, Any], *, head_dim: int, max_positions: int) -> tuple[str, str] | None:
+        """Rotary's checks; and no ``proportional`` RoPE, which would rotate channels the decay ζ does not cover."""
+        rope_scaling = options.get("rope_scaling")
+        if isinstance(rope_scaling, dict) and rope_scaling.get("rope_type") == "proportional":
+            return "rope_scaling", "xpos's decay covers the rotary_pct channels only: use another rope_type"
+        return super().options_problem(options, head_dim=head_dim, max_positions=max_positions)
 
     def _scale(self, positions: torch.Tensor, sign: float) -> torch.Tensor:
         """``ζ^(sign·(t - centre)/B)`` as float32 ``[s, rotary_ndims]`` (pairs ``c``, ``c + r/2`` share ``ζ_c``)."""
@@ -99,5 +112,6 @@ class XposEmbedding(RotaryEmbedding):
 
     def export_terms(self) -> dict[str, dict[str, Any]]:
         """The ``xpos`` query/key form with the rotary frequencies, the decay, B and the fixed centre."""
+        refuse_rope_scaling(self)
         return {"query_key": {"form": "xpos", "inv_freq": {"tensor": "inv_freq"}, "decay": {"tensor": "decay"},
                               "scale_base": self.scale_base, "centre": float(self.centre)}}

@@ -54,3 +54,27 @@ def test_beyond_kerple_grid_loads_every_later_method_beside_its_baselines(tmp_pa
         seen.add((cfg.positional.pos_emb, cfg.model.seq_length))
         assert cfg.training.seed == 1235 and cfg.model.num_layers == 12
     assert seen == {(pe, length) for pe in ("kerple_log", "alibi", "fire", "cable", "xpos") for length in (512, 1024)}
+
+
+def test_extension_grid_fine_tunes_each_base_run_at_four_times_its_length(tmp_path: Path) -> None:
+    tool = load_tool()
+    assert tool.main(["--grid", "extension", "--data", "github", "--seeds", "1235", "--lengths", "512",
+                      "--out", str(tmp_path)]) == 0
+    commands = (tmp_path / "run_all.sh").read_text().splitlines()[2:]
+    bases, finetunes = {}, {}
+    for command in commands:
+        files = [str(REPO / f) if not f.startswith("/") else f for f in command.split()[3:]]
+        cfg = load_config(files)
+        rope_type = (cfg.positional.rope_scaling or {}).get("rope_type")
+        if cfg.checkpointing.finetune:
+            assert cfg.checkpointing.load in bases.values(), "a fine-tuning runs after the run it starts from"
+            assert cfg.model.seq_length == 2048 and cfg.training.train_iters == 400
+            assert cfg.training.micro_batch_size * cfg.model.seq_length == 32 * 512  # the same tokens per step
+            finetunes[(cfg.positional.pos_emb, rope_type)] = cfg.positional.rope_scaling
+        else:
+            assert cfg.model.seq_length == 512 and cfg.model.num_layers == 12
+            bases[cfg.positional.pos_emb] = cfg.checkpointing.save
+    assert set(bases) == {"rotary", "kerple_log", "alibi"}
+    assert set(finetunes) == {("rotary", "linear"), ("rotary", "yarn"), ("rotary", None), ("kerple_log", None),
+                              ("alibi", None)}
+    assert finetunes[("rotary", "yarn")] == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}

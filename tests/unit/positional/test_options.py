@@ -33,8 +33,9 @@ SECTION_BEFORE = {
     "rpe_num_buckets": ("int", 32, 2, None),
     "rpe_max_distance": ("int", 128, 1, None),
 }
-# Declared later, with the families that came after KERPLE (fire.py, xpos.py).
+# Declared later, with the families that came after KERPLE (fire.py, xpos.py) and RoPE context extension.
 ADDED_SINCE = {
+    "rope_scaling": ("mapping or null", None, None, None),
     "fire_mlp_width": ("int", 32, 1, None),
     "fire_init_c": ("float", 0.1, 1e-6, None),
     "fire_init_threshold": ("float", 512.0, 1.0, None),
