@@ -229,6 +229,13 @@ def _positional(cfg: Config) -> None:
             "model.seq_length",
             "model.max_position_embeddings",
         )
+    problem = positional_registry.options_problem(
+        cfg.positional.pos_emb, cfg.positional.options(), head_dim=cfg.model.head_dim,
+        max_positions=cfg.model.max_position_embeddings,
+    )
+    if problem is not None:
+        option, message = problem
+        raise fail(cfg, message, f"positional.{option}")
 
 
 def _attention(cfg: Config) -> None:
