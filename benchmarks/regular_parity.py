@@ -31,8 +31,8 @@ def test_lengths(every: int) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=8000, help="most training steps")
-    parser.add_argument("--stop-loss", type=float, default=0.01, help="stop once the training loss is below this")
+    parser.add_argument("--steps", type=int, default=RunSettings.steps, help="most training steps")
+    parser.add_argument("--stop-loss", type=float, default=RunSettings.stop_loss, help="stop once the training loss is below this")
     parser.add_argument("--padding", nargs="+", default=["pad"], choices=("pad", "none"))
     parser.add_argument("--every", type=int, default=3, help="test every n-th length of 41..500")
     parser.add_argument("--eval-samples", type=int, default=32, help="strings per test length")

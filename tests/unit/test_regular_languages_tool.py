@@ -94,3 +94,42 @@ def test_numbers_below_their_least_are_refused_before_any_run(
     assert tool.main(["--task", "parity_check", *flags, "--output", str(tmp_path / "r.json")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_the_learning_rate_warms_up_linearly_then_stays(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+    import torch
+
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from kerple.regular_languages.bench import RunSettings, build_classifier, train
+    from kerple.regular_languages.tasks import get_task
+
+    seen: list[float] = []
+    handle = register_optimizer_step_pre_hook(
+        lambda optimizer, args, kwargs: seen.append(optimizer.param_groups[0]["lr"]))
+    try:
+        task = get_task("parity_check")
+        settings = RunSettings(hidden_size=16, batch_size=2, steps=6, learning_rate=2e-3, warmup_steps=4)
+        torch.manual_seed(0)
+        train(build_classifier("regulargpt", task, settings), task, settings, np.random.default_rng(0), False)
+    finally:
+        handle.remove()
+    # step s (from 0) uses lr · min(1, (s + 1) / warmup): 1/4, 2/4, 3/4, then the full rate
+    assert seen == pytest.approx([0.5e-3, 1e-3, 1.5e-3, 2e-3, 2e-3, 2e-3])
+
+
+def test_warmup_flag_reaches_the_runs_and_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    tool = load_tool()
+    seen = []
+    monkeypatch.setattr(tool, "run", lambda task, arch, seed, settings, lengths, progress=False: seen.append(settings) or
+                        {"task": task.name, "arch": arch, "seed": seed, "train_max_length": 40, "accuracy": {"41": 1.0},
+                         "mean_accuracy": 1.0, "train_length_accuracy": 1.0, "steps": 1, "train_seconds": 0.0,
+                         "test_seconds": 0.0, "settings": {"chunk_size": 2}})
+    monkeypatch.setattr(tool, "plot_accuracy", lambda results, path: Path(path).write_bytes(b"png"))
+    argv = ["--task", "parity_check", "--seeds", "1", "--output", str(tmp_path / "w.json")]
+    assert tool.main([*argv, "--warmup", "7"]) == 0
+    assert seen[0].warmup_steps == 7 and seen[0].learning_rate == 1e-3
+    assert tool.main([*argv, "--warmup", "-1"]) == 2
+    assert "--warmup -1: expected at least 0" in capsys.readouterr().err
