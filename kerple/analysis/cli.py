@@ -58,7 +58,8 @@ def outputs(args: argparse.Namespace, doc: dict[str, Any], figure: Any) -> None:
 
 def run_labels(args: argparse.Namespace) -> list[str] | None:
     """The ``--labels``, one per ``--load`` and all different (the results are keyed by them), or
-    ``None`` when not given (each run is then labelled by its folder, so a folder given twice is refused)."""
+    ``None`` when not given (each run is then labelled by its folder, so a folder given twice is refused).
+    Without ``--load`` there is one run, the one the config's ``load`` names (or a random model)."""
     loads = args.load or []
     if args.labels is None:
         folders = [str(Path(load).resolve()) for load in loads]
@@ -67,8 +68,9 @@ def run_labels(args: argparse.Namespace) -> list[str] | None:
             raise AnalysisError(f"--load {', '.join(twice)} given twice; each run is one --load (or give --labels)")
         return None
     labels = [label.strip() for label in args.labels.split(",")]
-    if len(labels) != len(loads):
-        raise AnalysisError(f"--labels names {len(labels)} run(s) ({args.labels}) but --load gives {len(loads)}; "
+    if len(labels) != max(1, len(loads)):
+        given = f"--load gives {len(loads)}" if loads else "without --load there is one run (the config's load)"
+        raise AnalysisError(f"--labels names {len(labels)} run(s) ({args.labels}) but {given}; "
                             "give one label per --load, in the same order")
     twice = sorted({label for label in labels if labels.count(label) > 1 or not label})
     if twice:

@@ -45,6 +45,18 @@ def test_receptive_field(setup: tuple[list[str], Path]) -> None:
     assert 1 <= doc["erf"] <= 24 and doc["train_length"] == 8
 
 
+def test_one_label_names_the_run_of_the_configs_load(setup: tuple[list[str], Path], capsys: pytest.CaptureFixture) -> None:
+    """`make analysis-demo` names the run with a `load=` override and one --labels: one run, not a refusal."""
+    words, folder = setup
+    output = folder / "rf-labelled.json"
+    argv = ["receptive-field", words[0], f"load={words[2]}", "--no-progress", "--labels", "mine", "--length", "16",
+            "--num-sequences", "2", "--output", str(output)]
+    assert cli.main(argv) == 0
+    assert list(json.loads(output.read_text())["runs"]) == ["mine"]
+    assert cli.main([*argv[:4], "--labels", "a,b", *argv[6:]]) == 2
+    assert "(a,b) but without --load there is one run (the config's load)" in capsys.readouterr().err
+
+
 def test_attention_stats_and_alignment(setup: tuple[list[str], Path]) -> None:
     doc = run(setup, "attention-stats", "--lengths", "8,32", "--num-sequences", "2")
     short, long = doc["lengths"]
