@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -35,6 +36,18 @@ def one_seed(name: str, seed: int, lengths: list[int], threads: int) -> dict:
     """Train and test one seed (in a worker process of its own)."""
     torch.set_num_threads(threads)
     return run(get_task(name), "regulargpt", seed, RunSettings(), lengths)
+
+
+def seed_results(jobs: list[tuple[str, int]], args: argparse.Namespace) -> Iterator[dict]:
+    """Each (task, seed)'s record in order: in this process with ``--jobs 1``, else in a pool."""
+    if args.jobs == 1:
+        for name, seed in jobs:
+            yield one_seed(name, seed, test_lengths(name, args.every), args.threads)
+        return
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(one_seed, name, seed, test_lengths(name, args.every), args.threads) for name, seed in jobs]
+        for future in futures:
+            yield future.result()
 
 
 def row(record: dict, threshold: float) -> str:
@@ -62,6 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", help="records JSON (rewritten after every seed)")
     parser.add_argument("--resume", action="store_true", help="keep the seeds --output already holds")
     args = parser.parse_args(argv)
+    for flag in ("first_seed", "seeds", "every", "threads", "jobs", "expect"):
+        least = 0 if flag in ("first_seed", "expect") else 1
+        if getattr(args, flag) < least:
+            parser.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: expected at least {least}")
+    if not 0 < args.threshold <= 1:
+        parser.error(f"--threshold {args.threshold}: an accuracy in (0, 1], e.g. 0.95")
     torch.set_num_threads(args.threads)
     settings = RunSettings()
     output = Path(args.output) if args.output else None
@@ -73,13 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     jobs = [(name, seed) for name in args.task for seed in range(args.first_seed, args.first_seed + args.seeds)
             if not any(r["task"] == name and r["seed"] == seed for r in records)]
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(one_seed, name, seed, test_lengths(name, args.every), args.threads) for name, seed in jobs]
-        for future in futures:
-            records.append(future.result())
-            print(row(records[-1], args.threshold), flush=True)
-            if output:
-                atomic.write_json_atomic(output, {"results": records})
+    for record in seed_results(jobs, args):
+        records.append(record)
+        print(row(record, args.threshold), flush=True)
+        if output:
+            atomic.write_json_atomic(output, {"results": records})
     short = False
     for name in args.task:
         mine = sorted((r for r in records if r["task"] == name and args.first_seed <= r["seed"] < args.first_seed + args.seeds),

@@ -133,3 +133,29 @@ def test_warmup_flag_reaches_the_runs_and_is_checked(tmp_path: Path, monkeypatch
     assert seen[0].warmup_steps == 7 and seen[0].learning_rate == 1e-3
     assert tool.main([*argv, "--warmup", "-1"]) == 2
     assert "--warmup -1: expected at least 0" in capsys.readouterr().err
+
+
+def load_seeds_benchmark():
+    spec = importlib.util.spec_from_file_location("bench_regular_seeds", REPO / "benchmarks" / "regular_seeds.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_seeds_benchmark_counts_the_seeds_at_the_threshold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    bench = load_seeds_benchmark()
+    accuracy = {100: 0.99, 101: 0.94, 102: 0.95}  # seed 101 is short of 95%
+
+    def fake_seed(name, seed, lengths, threads):
+        return {"task": name, "seed": seed, "steps": 10 * seed, "train_seconds": 1.0, "test_seconds": 2.0,
+                "train_length_accuracy": 1.0, "mean_accuracy": accuracy[seed]}
+
+    monkeypatch.setattr(bench, "one_seed", fake_seed)
+    output = tmp_path / "seeds.json"
+    assert bench.main(["--seeds", "3", "--expect", "2", "--output", str(output)]) == 0
+    assert "parity_check: 2 of 3 seeds at or above 95%" in capsys.readouterr().out
+    assert bench.main(["--seeds", "3", "--expect", "3", "--output", str(output), "--resume"]) == 1  # nothing re-run
+    assert [r["seed"] for r in json.loads(output.read_text())["results"]] == [100, 101, 102]
+    with pytest.raises(SystemExit):
+        bench.main(["--jobs", "0"])
