@@ -23,19 +23,31 @@ def test_the_child_status_is_returned() -> None:
     assert cli.run_child([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]) == 128 + 9
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_to_deepy_stops_the_trainer_cleanly(tmp_path: Path, signum: int) -> None:
+def start_deepy(tmp_path: Path, **overrides) -> subprocess.Popen:
+    """deepy.py training the tiny model on a fresh corpus, single-process, in a session of its own."""
     corpus = write_corpus(tmp_path / "corpus")
-    save = tmp_path / "run"
-    overrides = tiny_overrides(corpus, train_iters=2000, lr_decay_iters=2000, log_interval=1, save=str(save),
-                               log_dir=str(tmp_path / "logs"))
-    argv = [f"{key}={'' if value is None else value}" for key, value in overrides.items()]
+    settings = tiny_overrides(corpus, save=str(tmp_path / "run"), log_dir=str(tmp_path / "logs"), **overrides)
+    argv = [f"{key}={'' if value is None else value}" for key, value in settings.items()]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    deepy = subprocess.Popen([sys.executable, "deepy.py", "train.py", "configs/models/tiny.yml", *argv], cwd=REPO,
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
+    return subprocess.Popen([sys.executable, "deepy.py", "train.py", "configs/models/tiny.yml", *argv], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def stop_group(deepy: subprocess.Popen) -> None:
+    """Kill the process group the test started, should anything be left."""
+    try:
+        os.killpg(deepy.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_deepy_stops_the_trainer_cleanly(tmp_path: Path, signum: int) -> None:
+    save = tmp_path / "run"
+    deepy = start_deepy(tmp_path, train_iters=2000, lr_decay_iters=2000, log_interval=1)
     try:
         lines = []
         for line in deepy.stdout:
@@ -50,23 +62,12 @@ def test_a_signal_to_deepy_stops_the_trainer_cleanly(tmp_path: Path, signum: int
         step = int((save / "latest").read_text().removeprefix("global_step"))
         assert 0 < step < 2000
     finally:
-        try:
-            os.killpg(deepy.pid, signal.SIGKILL)  # the group this test started, should anything be left
-        except ProcessLookupError:
-            pass
+        stop_group(deepy)
 
 
 def test_ctrl_c_while_the_trainer_is_still_importing_is_one_line(tmp_path: Path) -> None:
     """It gave a 77-line traceback (KeyboardInterrupt inside torch's imports) and exit 130."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    corpus = write_corpus(tmp_path / "corpus")
-    overrides = tiny_overrides(corpus, save=str(tmp_path / "run"), log_dir=str(tmp_path / "logs"))
-    argv = [f"{key}={'' if value is None else value}" for key, value in overrides.items()]
-    deepy = subprocess.Popen([sys.executable, "deepy.py", "train.py", "configs/models/tiny.yml", *argv], cwd=REPO,
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
+    deepy = start_deepy(tmp_path)
     try:
         lines = []
         for line in deepy.stdout:
@@ -81,7 +82,4 @@ def test_ctrl_c_while_the_trainer_is_still_importing_is_one_line(tmp_path: Path)
         assert "Traceback" not in output and "train.py: interrupted" in output, output[-3000:]
         assert not (tmp_path / "run" / "latest").exists()
     finally:
-        try:
-            os.killpg(deepy.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        stop_group(deepy)
