@@ -196,6 +196,7 @@ def finished_training(cfg: Any) -> str | None:
     """What to say, without launching anything or writing a resolved config, when ``load`` holds a
     checkpoint at or past ``train_iters`` (the trainer would say the same and stop); ``None`` otherwise."""
     from kerple.checkpoint.files import find_checkpoint
+    from kerple.training.summary import already_finished
 
     ck, train_iters = cfg.checkpointing, int(cfg.training.train_iters)
     if not ck.load or ck.finetune or train_iters <= 0:
@@ -207,8 +208,7 @@ def finished_training(cfg: Any) -> str | None:
     step = found.name.removeprefix("global_step") if found is not None else ""
     if not step.isdigit() or int(step) < train_iters:
         return None
-    return (f"training already finished: {found} is step {step} of {train_iters}; nothing to do "
-            "(raise train_iters to train further)")
+    return already_finished(found, step, train_iters)
 
 
 def check_launch_arguments(known: argparse.Namespace) -> None:

@@ -7,6 +7,12 @@ from typing import Any
 from kerple.config.errors import DEFAULT
 
 
+def already_finished(checkpoint: Any, step: int | str, train_iters: int) -> str:
+    """What a run resumed at or past ``train_iters`` says (the trainer, and deepy before it launches)."""
+    return (f"training already finished: {checkpoint} is step {step} of {train_iters}; nothing to do "
+            "(raise train_iters to train further)")
+
+
 def parameter_count(model: Any) -> int:
     """Distinct parameters (the shared positional module counts once)."""
     return sum(p.numel() for p in model.parameters())

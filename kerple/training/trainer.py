@@ -43,7 +43,7 @@ from kerple.training.monitor import Monitor, progress_line
 from kerple.training.optimizer import build_optimizer
 from kerple.training.resume import load_weights, restore_run_state
 from kerple.training.schedule import AnnealingLR
-from kerple.training.summary import parameter_count, startup_summary
+from kerple.training.summary import already_finished, parameter_count, startup_summary
 
 
 __all__ = ["TrainResult", "Trainer", "TrainingDivergedError", "TrainingError", "run_training"]
@@ -289,10 +289,7 @@ class Trainer:
         at or past ``train_iters`` returns at once (status ``already finished``). The first rank
         holds ``save``'s lock (:mod:`kerple.training.lock`) meanwhile."""
         if 0 < self.train_iters <= self.iteration:
-            self.monitor.print(
-                f"training already finished: {self.resumed_from} is step {self.iteration} of {self.train_iters}; "
-                "nothing to do (raise train_iters to train further)"
-            )
+            self.monitor.print(already_finished(self.resumed_from, self.iteration, self.train_iters))
             return TrainResult(iteration=self.iteration, status="already finished",
                                skipped_steps=self.skipped_steps, last_checkpoint=self.resumed_from)
         save = self.cfg.checkpointing.save
