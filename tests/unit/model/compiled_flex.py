@@ -5,7 +5,7 @@ gradients of the captured tensors included) before Inductor writes Triton kernel
 2.13 refuses FlexAttention with ``requires_grad`` inputs (``_validate_device``) and kerple refuses
 ``flex`` for CPU training (GPT models). :func:`compiled_cpu_flex` lifts both, in the test only, and compiles
 with ``backend="aot_eager"``: the same AOTAutograd graphs, run by eager operators instead of
-Triton. A gradient lost under compilation is lost here too (issue 29: KERPLE's parameters).
+Triton. A gradient lost under compilation is lost here too (as KERPLE's parameters once were).
 """
 
 from __future__ import annotations
