@@ -166,7 +166,10 @@ def test_compiled_flex_in_half_precision_at_head_dim_128(name: str, dtype: torch
                                                          one_thread: None) -> None:
     """The 1.3B head dimension in bf16 and fp16, the model cast as DeepSpeed casts it (positional tensors stay
     fp32): compiled flex gives every positional parameter a gradient, as far from eager fp32 on the same
-    rounded weights as twice eager's own half-precision error plus the dtype's epsilon."""
+    rounded weights as twice eager's own half-precision error plus the dtype's epsilon. Eager's error is
+    taken over all positional parameters (the largest): one parameter's can be small by chance (fp16
+    ``wei_p``: 3.4e-5 against 6.5e-4 for ``wei_a``, on an AVX2 CPU, for the captured-buffer gradient and
+    the separate reduction alike)."""
     import copy
 
     model, tokens = _model(name, 128).to(dtype), _tokens()
@@ -174,8 +177,8 @@ def test_compiled_flex_in_half_precision_at_head_dim_128(name: str, dtype: torch
     _, eager = _run(model, "eager", tokens)
     with compiled_cpu_flex(monkeypatch, model._flex):
         _, flex = _run(model, "flex", tokens)
-    epsilon = torch.finfo(dtype).eps
-    for key in (key for key in reference if key.startswith("positional.")):
+    keys = [key for key in reference if key.startswith("positional.")]
+    bound = 2 * max(_relative_norm(eager[key], reference[key]) for key in keys) + torch.finfo(dtype).eps
+    for key in keys:
         assert flex[key] is not None, f"{key}: no gradient through compiled flex in {dtype}"
-        bound = 2 * _relative_norm(eager[key], reference[key]) + epsilon
         assert _relative_norm(flex[key], reference[key]) <= bound, key
