@@ -37,7 +37,7 @@ def test_cpu_reduction_equals_autograd(name: str, window: int | None, one_thread
     case = eager_case(name, (2, 3, 150, 16), window=window)
     jacobian, grad_theta = _torch_gradient(case, window)
     errors = parameter_errors(case, jacobian.theta, grad_theta)
-    assert max(errors.values()) < 1e-5, errors
+    assert max(errors.values()) < 1e-4, errors
 
 
 def test_identity_passes_the_output_and_returns_the_parameters_gradient(one_thread: None) -> None:
@@ -51,7 +51,7 @@ def test_identity_passes_the_output_and_returns_the_parameters_gradient(one_thre
     assert torch.equal(grad_output, case.grad_output)  # an identity for the attention output
     errors = {name: ((g.double() - case.gradients[name]).abs().max() / case.gradients[name].abs().max()).item()
               for name, g in zip(dict(case.embedding.named_parameters()), parameter_grads)}
-    assert max(errors.values()) < 1e-5, errors
+    assert max(errors.values()) < 1e-4, errors
 
 
 def test_identity_compiles_as_one_opaque_call(one_thread: None) -> None:
@@ -74,7 +74,7 @@ def test_identity_compiles_as_one_opaque_call(one_thread: None) -> None:
     torch._dynamo.reset()
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     errors = parameter_errors(case, theta, got)
-    assert max(errors.values()) < 1e-5, errors
+    assert max(errors.values()) < 1e-4, errors
 
 
 @pytest.mark.parametrize("name", ["kerple_log", "rpe", "kerple_wht", "fire", "cable"])

@@ -19,7 +19,7 @@ triton = pytest.importorskip("triton")
 from kerple.model import bias_gradient_triton  # noqa: E402
 from kerple.model.bias_gradient import parameter_gradient, row_terms  # noqa: E402
 
-pytestmark = pytest.mark.triton_interpreter
+pytestmark = pytest.mark.triton_kernel
 DISTANCE_BASED = ["gauss_bias2", "gauss_bias3", "gauss_wht1", "gauss_wht2", "kerple_bias_wht", "kerple_log",
                   "kerple_log3", "kerple_power", "kerple_wht", "rpe"]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
