@@ -9,7 +9,8 @@ embedding's term (``--pe``, default ``kerple_log``), each variant timed in the s
 order, median; CUDA synchronised around each call):
 
 * ``none``: ``scaled_dot_product_attention(is_causal=True)``;
-* ``sdpa, dense bias``: the ``[H, L, L]`` mask from the distance tables, its gradient through sdpa
+* ``sdpa, dense bias`` (a bias without a logit scale): the ``[H, L, L]`` mask from the distance
+  tables, its gradient through sdpa
   (on a CPU: the fused flash forward and the blockwise backward that sums the mask's gradient along
   its diagonals, ``kerple/model/sdpa_cpu.py``; what ``auto`` trains a bias with on a CPU and on CUDA
   below 8,192 tokens);
@@ -46,6 +47,7 @@ from kerple.model import sdpa_cpu  # noqa: E402
 from kerple.model.bias_gradient import parameter_gradient, with_parameter_gradient  # noqa: E402
 from kerple.positional.base import diagonal_gather  # noqa: E402
 from kerple.positional.jacobian import distance_jacobian  # noqa: E402
+from kerple.positional.logit_term import LogitTerm, distance_table_term  # noqa: E402
 
 Variant = Callable[[], None]
 
@@ -92,7 +94,9 @@ def common_variants(embedding: positional.PositionalEmbedding, tensors: list[tor
         tables = distance_jacobian(embedding, length, device).tables
         parameter_gradient(q, k, v, output, lse, upstream, tables, None)
 
-    return {"none": none, "sdpa, dense bias": dense, "reduction alone": reduction}
+    bias, scale = embedding.distance_tables(length, device)
+    dense_row = {"sdpa, dense bias": dense} if bias is not None and scale is None else {}  # sdpa cannot scale
+    return {"none": none, **dense_row, "reduction alone": reduction}
 
 
 def cpu_variants(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor]) -> dict[str, Variant]:
@@ -133,9 +137,7 @@ def cuda_variants(embedding: positional.PositionalEmbedding, tensors: list[torch
             "flex + reduction": flex(True, False)}
 
 
-def _table_term(embedding: positional.PositionalEmbedding, length: int, dtype: torch.dtype):  # type: ignore[no-untyped-def]
-    from kerple.positional.logit_term import distance_table_term
-
+def _table_term(embedding: positional.PositionalEmbedding, length: int, dtype: torch.dtype) -> LogitTerm | None:
     bias, scale = embedding.distance_tables(length)
     return distance_table_term(bias, scale, dtype)
 
@@ -176,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     if distance_jacobian(embedding, 2, device) is None:
         print(f"bias_gradient.py: {args.pe} has no per-head Jacobian tables; choose a distance-based learnable "
               "embedding (kerple_*, gauss_*, rpe)", file=sys.stderr)
+        return 2
+    if not cuda and embedding.distance_tables(2)[1] is not None:
+        print(f"bias_gradient.py: on a CPU every path here is sdpa's, which cannot scale the logits as {args.pe} "
+              "does; choose a bias (kerple_log, kerple_power, kerple_log3, gauss_bias2, gauss_bias3, rpe)",
+              file=sys.stderr)
         return 2
     tensors = _inputs(shape, device, dtype)
     variants = common_variants(embedding, tensors)

@@ -101,13 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", default="512,8192,16384" if cuda else "256,1024,4096",
                         help="tokens per sequence, comma-separated")
     parser.add_argument("--pe", nargs="+", default=["none", "kerple_log"], help="embeddings (none is always added)")
-    parser.add_argument("--impls", default="auto", help="attention kernels per row, comma-separated (auto, flex, sdpa, eager)")
+    parser.add_argument("--impls", default="auto",
+                        help="attention kernels per row, comma-separated (auto, flex, sdpa, eager)")
     parser.add_argument("--tokens", type=int, default=16384 if cuda else 4096, help="tokens per training step")
     parser.add_argument("--steps", type=int, default=6 if cuda else 3)
     parser.add_argument("--warmup", type=int, default=3 if cuda else 1)
     parser.add_argument("--model", default=model, help="model YAML (default: 162M on CUDA, tiny on CPU)")
     parser.add_argument("--extra", nargs="*", default=extra, help="more YAML files (default: the device's setup)")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, help="training.compile (default: the config's)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction,
+                        help="training.compile (default: the config's)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads in each row's process (default: PyTorch's)")
     parser.add_argument("--row", help=argparse.SUPPRESS)  # internal: one row, printed as JSON
     parser.add_argument("overrides", nargs="*", help="key=value config overrides (e.g. vocab_size=4096)")

@@ -188,9 +188,9 @@ class AttentionContext:
     ``logit_term`` is the embedding's closed form for ``flex`` (its bias already divided by τ), or
     ``None``: ``flex`` then gathers the tables. ``distance_jacobian``: in ``flex`` training of a
     distance-based learnable term, its per-head Jacobian tables (the kernel then runs the term
-    detached and returns the parameters' gradient apart, :mod:`kerple.model.bias_gradient`). An embedding without tables has its closed form
-    here for every kernel (:attr:`grid_term`): eager/sdpa evaluate it on the grid of absolute
-    positions (:meth:`score_grid`). ``layer_term`` is the embedding's layer hook
+    detached and returns the parameters' gradient apart, :mod:`kerple.model.bias_gradient`). An
+    embedding without tables has its closed form here for every kernel (:attr:`grid_term`): eager/sdpa
+    evaluate it on the grid of absolute positions (:meth:`score_grid`). ``layer_term`` is the embedding's layer hook
     (:meth:`for_layer`).
     """
 

@@ -98,7 +98,8 @@ def parameter_gradient(
     lse = lse.float().contiguous()
     if query.device.type == "cuda":
         return _triton_gradient(query, key, value, grad_output, lse, delta, tables, window)
-    bias_sums, scale_sums = _distance_sums(query, key, value, lse, delta, grad_output, tables.bias, tables.scale, window)
+    bias_sums, scale_sums = _distance_sums(query, key, value, lse, delta, grad_output, tables.bias, tables.scale,
+                                           window)
     gradient = query.new_zeros(tables.num_parameters, query.shape[1], dtype=torch.float32)
     if tables.bias_jacobian is not None:
         gradient += torch.einsum("phl,hl->ph", tables.bias_jacobian, bias_sums)
@@ -114,7 +115,8 @@ def _triton_gradient(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     from kerple.model.bias_gradient_triton import tile_partials
 
     batch, heads = query.shape[:2]
-    query, key, value, grad_output = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value, grad_output))
+    query, key, value, grad_output = (t if t.stride(-1) == 1 else t.contiguous()
+                                      for t in (query, key, value, grad_output))
     partials = tile_partials(query, key, value, grad_output, lse, delta, tables.bias, tables.scale,
                              tables.bias_jacobian, tables.scale_jacobian, tables.support, window)
     return partials.sum((0, 1)).view(batch, heads, -1).sum(0).transpose(0, 1)  # [P, H]
@@ -132,7 +134,8 @@ def _gradient_op(
 
 
 @_gradient_op.register_fake
-def _(query, key, value, output, lse, grad_output, bias, scale, bias_jacobian, scale_jacobian, support, window):  # type: ignore[no-untyped-def]
+def _(query, key, value, output, lse, grad_output, *tables_and_window):  # type: ignore[no-untyped-def]
+    support = tables_and_window[4]
     return query.new_empty(support.shape[0], query.shape[1], dtype=torch.float32)
 
 
@@ -146,13 +149,13 @@ def _identity_op(
 
 
 @_identity_op.register_fake
-def _(output, theta, query, key, value, lse, bias, scale, bias_jacobian, scale_jacobian, support, window):  # type: ignore[no-untyped-def]
+def _(output, *rest):  # type: ignore[no-untyped-def]
     return torch.empty_like(output)
 
 
 def _setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
-    attention_output, theta, query, key, value, lse, bias, scale, bias_jacobian, scale_jacobian, support, window = inputs
-    ctx.save_for_backward(query, key, value, attention_output, lse, bias, scale, bias_jacobian, scale_jacobian, support)
+    attention_output, theta, query, key, value, lse, *tables, window = inputs  # tables: bias .. support
+    ctx.save_for_backward(query, key, value, attention_output, lse, *tables)
     ctx.window = window
     ctx.theta_dtype = theta.dtype
 

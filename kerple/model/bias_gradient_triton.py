@@ -14,8 +14,9 @@ zero); a parameter slot whose derivative is zero at every distance of the tile i
 
 Loop bounds are compile-time constants (``tl.static_range`` over the parameter slots; the tile is
 the grid): Triton's CPU interpreter (``TRITON_INTERPRET=1`` when triton is imported), where the tests
-run the kernel, fails on loop bounds computed at run time with numpy 2.4. There ``UPCAST`` converts 16-bit operands to fp32 before ``tl.dot``: Triton 3.6's
-interpreter multiplies bf16 operands as their raw 16-bit integers. On a GPU the operands go to the
+run the kernel, fails on loop bounds computed at run time with numpy 2.4. There ``UPCAST`` converts
+16-bit operands to fp32 before ``tl.dot``: Triton 3.6's interpreter multiplies bf16 operands as their
+raw 16-bit integers. On a GPU the operands go to the
 tensor cores as they are (fp32 accumulation either way; products of 16-bit values are exact in fp32).
 """
 
@@ -116,7 +117,8 @@ def tile_partials(
     docstring); ``query``, ``key``, ``value``, ``grad_output`` ``[b, H, L, d]`` with unit stride in ``d``,
     ``lse``/``delta`` ``[b, H, L]`` float32, tables ``[H, L]`` and Jacobians ``[P, H, L]`` float32,
     contiguous. On CUDA tensors, or on CPU tensors when Triton was imported with ``TRITON_INTERPRET=1``
-    (its interpreter)."""
+    (its interpreter). The head dimension is padded to a power of two of at least 16 lanes (``tl.dot``'s
+    smallest on NVIDIA GPUs)."""
     interpret = triton.knobs.runtime.interpret
     if query.device.type != "cuda" and not interpret:
         raise RuntimeError("the Triton bias-gradient kernel runs on CUDA, or on a CPU under TRITON_INTERPRET=1 "
@@ -133,7 +135,7 @@ def tile_partials(
     strides = [stride for tensor in (query, key, value, grad_output) for stride in tensor.stride()[:3]]
     _tile_gradient[(query_blocks, band, batch * heads)](
         *tensors, *strides, heads, length, window or length, key_blocks, band, head_dim**-0.5,
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m, BLOCK_N=block_n,
+        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=block_m, BLOCK_N=block_n,
         PARAMS=params, HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, HAS_WINDOW=window is not None,
         UPCAST=interpret and query.dtype != torch.float32,
         INPUT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",

@@ -7,8 +7,9 @@ of :meth:`~kerple.positional.base.PositionalEmbedding.distance_tables`, applied 
 parameters of head ``h`` reach only row ``h`` of the tables, so the gradient of a loss through the
 attention scores ``S`` is, for the ``k``-th parameter of head ``h`` (``θ[k, h]``),
 
-    dθ[k, h] = Σ_{b, i, j} dS[b, h, i, j] · (∂bias[h, d]/∂θ[k, h] + x[b, h, i, j] · ∂scale[h, d]/∂θ[k, h]),
-    d = i - j.
+    dθ[k, h] = Σ_{b, i, j} dS[b, h, i, j] · (∂bias[h, d]/∂θ[k, h] + x[b, h, i, j] · ∂scale[h, d]/∂θ[k, h])
+
+with ``d = i - j``.
 
 :func:`distance_jacobian` builds ``∂bias/∂θ`` and ``∂scale/∂θ`` as ``[P, H, L]`` tables by forward-mode
 autograd of the embedding's own ``distance_tables`` (one batched evaluation, ``torch.func.vmap`` over the
@@ -138,7 +139,8 @@ def distance_jacobian(
     tangents = torch.eye(count, device=primal.device)[:, :, None].expand(count, count, embedding.num_heads)  # [P, P, H]
     (bias, scale), (bias_jacobian, scale_jacobian) = vmap(directional, out_dims=((None, None), (0, 0)))(tangents)
     has_bias, has_scale = present
-    support = _support([j for j, present in ((bias_jacobian, has_bias), (scale_jacobian, has_scale)) if present], length)
+    present_jacobians = [j for j, there in ((bias_jacobian, has_bias), (scale_jacobian, has_scale)) if there]
+    support = _support(present_jacobians, length)
     tables = JacobianTables(
         bias=bias.contiguous() if has_bias else None,
         scale=scale.contiguous() if has_scale else None,

@@ -88,9 +88,9 @@ def test_model_flex_uses_the_reduction_for_distance_based_terms(name: str, monke
     monkeypatch.setattr(bias_gradient, "parameter_gradient",
                         lambda *args, **kwargs: calls.append(1) or original_reduction(*args, **kwargs))
 
-    def spying_attend(self, query, key, value, score_mod, block_mask, tensors=(), *args, **kwargs):  # type: ignore[no-untyped-def]
-        captured.extend(tensor.requires_grad for tensor in tensors)
-        return original_attend(self, query, key, value, score_mod, block_mask, tensors, *args, **kwargs)
+    def spying_attend(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        captured.extend(tensor.requires_grad for tensor in args[5])  # q, k, v, score_mod, block_mask, captured
+        return original_attend(self, *args, **kwargs)
 
     monkeypatch.setattr(type(model._flex), "attend", spying_attend)
     with compiled_cpu_flex(monkeypatch, model._flex):

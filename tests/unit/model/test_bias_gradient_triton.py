@@ -57,9 +57,10 @@ def test_kernel_equals_autograd_fp32_head_dim_128(name: str, window: int | None)
     assert max(errors.values()) < 1e-4, errors
 
 
-def test_kernel_default_tiles_and_odd_head_dim() -> None:
-    """The kernel's own tile choice (64 x 64 in fp32 at head_dim 48, padded to 64 lanes) over 100 tokens."""
-    case = eager_case("kerple_log3", (1, 2, 100, 48))
+@pytest.mark.parametrize("head_dim", [8, 48])
+def test_kernel_default_tiles_and_odd_head_dim(head_dim: int) -> None:
+    """The kernel's own tile choice (64 x 64 in fp32) over 100 tokens, head_dim padded to 16 or 64 lanes."""
+    case = eager_case("kerple_log3", (1, 2, 100, head_dim))
     jacobian, grad_theta = _kernel_gradient(case, None, blocks=None)
     errors = parameter_errors(case, jacobian.theta, grad_theta)
     assert max(errors.values()) < 1e-4, errors

@@ -42,8 +42,8 @@ def test_frozen_parameters_have_none() -> None:
 
 
 def test_kerple_log_jacobian_is_the_derivative_of_the_formula() -> None:
-    """``b = -r1·log(1 + r2·d)``: ``∂b/∂r1 = -log(1 + r2·d)``, ``∂b/∂r2 = -r1·d / (1 + r2·d)`` (r1, r2 inside
-    their clamps, where the straight-through clamp is the identity)."""
+    """``b = -r1·log(1 + r2·d)``: ``∂b/∂r1 = -log(1 + r2·d)``, ``∂b/∂r2 = -r1·d / (1 + r2·d)`` (r1, r2
+    inside their clamps, where the straight-through clamp is the identity)."""
     module = build("kerple_log")
     with torch.no_grad():
         module.bias_p.copy_(torch.tensor([0.5, 1.0, 1.7]).view(H, 1, 1))
