@@ -1,4 +1,4 @@
-"""Test-wide environment: offline hubs, CPU DeepSpeed, and the `gpu` marker."""
+"""Test-wide environment: offline hubs, CPU DeepSpeed, Triton's interpreter without a GPU, and the `gpu` marker."""
 
 import os
 
@@ -10,6 +10,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    # Triton kernels run in Triton's CPU interpreter here; it is chosen when triton is imported, so
+    # before any test module imports it (importing torch does not).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -32,7 +32,8 @@ The three kernels compute the same function (tests check agreement to 1e-5 in fp
 * ``flex`` calls FlexAttention with a ``score_mod`` that computes the embedding's closed form from
   per-head tensors, or, for an embedding without one, indexes the ``[H, k_len]`` tables by distance
   (no ``L×L`` tensor either way), and a cached ``BlockMask`` for causal/window masking (see
-  ``flex.py``).
+  ``flex.py``). In training, a distance-based learnable term goes to the kernel detached and its
+  parameters' gradient is summed tile by tile apart (``bias_gradient.py``).
 
 The layer never names an embedding: it only asks whether a table or a closed form is ``None``, and
 hands its input to :meth:`AttentionContext.for_layer` (the embedding's layer hook) before attending.
@@ -56,24 +57,44 @@ from kerple.positional.logit_term import LogitTerm, ScorePosition, distance_tabl
 if TYPE_CHECKING:
     from kerple.model.cache import KVCache
     from kerple.model.flex import FlexAttentionKernel
+    from kerple.positional.jacobian import DistanceJacobian
 
 ATTENTION_IMPLS: tuple[str, ...] = ("eager", "sdpa", "flex")
 AUTO = "auto"  # resolved per forward by :func:`choose_implementation`
 
-# CPU evaluation switches to compiled FlexAttention from this length on. Compiled flex is faster
-# than sdpa at every length measured on CPU (benchmarks/eval_memory.py: 3.4x at 2048 tokens, with
-# 1/20 of the memory), but each new length costs a compilation of ~10-30 s; below this length the
-# L² work is too small to pay that back, so sdpa (no compilation) is chosen there.
-CPU_FLEX_MIN_LENGTH = 2048
-
-# CUDA training of an additive bias goes through sdpa (the [H, L, L] bias materialised once per
-# forward, its gradient returned to the distance table) below this length, FlexAttention from it on.
-# Measured on an H200 at the 162M shape, seq 512, bf16 (docs/gpu-report.md): sdpa trained faster
-# for every bias: kerple_log 169,552 tokens/s against 58,682 through flex (FlexAttention's backward
-# adds each score's gradient to the captured per-head parameters with atomics), rpe 185,525 against
-# 60,951, alibi (no gradient) 212,509 against 160,136. The dense bias costs H·L² elements and their
-# gradient: 1.6 GB and 3.2 GB at 8192 tokens and 12 heads, where O(L) memory starts to matter.
-CUDA_TRAIN_FLEX_MIN_LENGTH = 8192
+# Where ``auto`` switches to FlexAttention: the shortest sequence length from which it picks ``flex``, per
+# (device, training, kind of term); ``None``: never (on CUDA an attention window still asks for flex).
+# Each row says what it rests on; ``benchmarks/long_context.py --impls flex,sdpa`` prints the tokens/s
+# and peak memory of both per length, and its rows are what the CUDA numbers should be set from.
+#
+# * CPU evaluation, 2048: compiled flex is faster than sdpa at every length measured on CPU
+#   (benchmarks/eval_memory.py: 3.4x at 2048 tokens, with 1/20 of the memory), but each new length costs
+#   a compilation of ~10-30 s; below 2048 the L² work is too small to pay that back.
+# * CPU training, never: FlexAttention has no CPU backward; sdpa_cpu's blockwise backward, which sums the
+#   bias gradient along diagonals, took 1.08x of ``none`` against 1.75x for the flash backward plus the
+#   separate reduction (benchmarks/bias_gradient.py, 4 x 4 x 512 x 32 fp32, 1 thread, 2026-11-27).
+# * CUDA training of a bias, 8192. Measured at 512 tokens (H200, 162M, bf16, compile off,
+#   docs/gpu-report.md): kerple_log 169,552 tokens/s through sdpa's dense bias against 58,682 through flex
+#   when FlexAttention's backward scattered the gradient; alibi, with no gradient at all, 160,136 through
+#   flex against 212,509 through sdpa. ASSUMED until measured: flex with the separate reduction
+#   (kerple/model/bias_gradient.py) trains no faster than alibi through flex at 512, so sdpa stays below
+#   8192 tokens; from 8192 the dense [H, L, L] bias and its gradient (1.6 GB in bf16 and 3.2 GB in fp32
+#   at 12 heads) make O(L) memory the deciding cost.
+# * CUDA, weight kernels and evaluation of any logit term: flex from the start (the only kernel that
+#   scales the logits; O(L) memory in evaluation).
+FLEX_FROM_LENGTH: dict[tuple[str, bool, PositionKind], int | None] = {
+    ("cpu", False, PositionKind.BIAS): 2048,
+    ("cpu", False, PositionKind.WEIGHT): 2048,
+    ("cpu", False, PositionKind.NONE): 2048,
+    ("cpu", False, PositionKind.INPUT): 2048,
+    ("cpu", False, PositionKind.QUERY_KEY): 2048,
+    ("cuda", True, PositionKind.BIAS): 8192,
+    ("cuda", True, PositionKind.WEIGHT): 0,
+    ("cuda", False, PositionKind.BIAS): 0,
+    ("cuda", False, PositionKind.WEIGHT): 0,
+}
+CPU_FLEX_MIN_LENGTH = FLEX_FROM_LENGTH[("cpu", False, PositionKind.BIAS)]
+CUDA_TRAIN_FLEX_MIN_LENGTH = FLEX_FROM_LENGTH[("cuda", True, PositionKind.BIAS)]
 
 RotateFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 LayerTermFn = Callable[[int, torch.Tensor, "KVCache | None"], "LogitTerm | None"]
@@ -127,8 +148,8 @@ def choose_implementation(
     device  mode        embedding                           choice
     ======  ==========  ==================================  ==========================================
     cuda    train/eval  position-only, no window            ``sdpa`` (flash/efficient kernel, causal)
-    cuda    train       bias, no window, ``seq_len <        ``sdpa`` (dense bias; faster than flex's
-                        CUDA_TRAIN_FLEX_MIN_LENGTH``        atomic gradient scatter, measured)
+    cuda    train       bias, no window, ``seq_len <        ``sdpa`` (dense bias; see
+                        CUDA_TRAIN_FLEX_MIN_LENGTH``        :data:`FLEX_FROM_LENGTH` for what it rests on)
     cuda    train/eval  logit term, or any with a window    ``flex`` (tables in ``score_mod``,
                                                             block-sparse causal/window mask)
     cpu     train       bias / position-only                ``sdpa`` (FlexAttention has no CPU
@@ -145,13 +166,10 @@ def choose_implementation(
     passes :func:`unsupported_reason`. Other devices follow the CPU rows.
     """
     kind = PositionKind(kind)
-    has_logit_term = kind in (PositionKind.BIAS, PositionKind.WEIGHT)
     flex_allowed = flex_compiled and not (training and dropout_p > 0.0)
-    if device_type == "cuda":
-        dense_bias_trains_faster = training and kind == PositionKind.BIAS and seq_len < CUDA_TRAIN_FLEX_MIN_LENGTH
-        wants_flex = (has_logit_term and not dense_bias_trains_faster) or window is not None
-    else:
-        wants_flex = not training and seq_len >= CPU_FLEX_MIN_LENGTH
+    table_device = "cuda" if device_type == "cuda" else "cpu"
+    shortest = FLEX_FROM_LENGTH.get((table_device, training, kind))
+    wants_flex = (shortest is not None and seq_len >= shortest) or (device_type == "cuda" and window is not None)
     candidates = ("flex", "sdpa", "eager") if wants_flex and flex_allowed else ("sdpa", "eager")
     for impl in candidates:
         if unsupported_reason(impl, kind, device_type, training) is None:
@@ -168,9 +186,11 @@ class AttentionContext:
     query row ``i`` and key column ``j`` are at distance ``i - j + (k_len - q_len)``. The dense
     ``[H, q_len, k_len]`` views used by eager/sdpa are gathered lazily, once per forward.
     ``logit_term`` is the embedding's closed form for ``flex`` (its bias already divided by τ), or
-    ``None``: ``flex`` then gathers the tables. An embedding without tables has its closed form
-    here for every kernel (:attr:`grid_term`): eager/sdpa evaluate it on the grid of absolute
-    positions (:meth:`score_grid`). ``layer_term`` is the embedding's layer hook
+    ``None``: ``flex`` then gathers the tables. ``distance_jacobian``: in ``flex`` training of a
+    distance-based learnable term, its per-head Jacobian tables (the kernel then runs the term
+    detached and returns the parameters' gradient apart, :mod:`kerple.model.bias_gradient`). An
+    embedding without tables has its closed form here for every kernel (:attr:`grid_term`): eager/sdpa
+    evaluate it on the grid of absolute positions (:meth:`score_grid`). ``layer_term`` is the embedding's layer hook
     (:meth:`for_layer`).
     """
 
@@ -188,6 +208,7 @@ class AttentionContext:
     logit_term: LogitTerm | None = None
     temperature: float = 1.0  # softmax temperature τ; the bias table is already divided by it
     layer_term: LayerTermFn | None = None
+    distance_jacobian: DistanceJacobian | None = None  # flex training: the parameters' gradient apart
     _dense: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def for_layer(self, layer: int, hidden: torch.Tensor) -> AttentionContext:
@@ -359,7 +380,7 @@ def flex_attention(
         raise ValueError("attention_impl flex does not implement attention dropout; set attention_dropout: 0")
     if context.flex is None:
         raise ValueError("attention_impl flex needs a FlexAttentionKernel in the attention context")
-    return context.flex(query, key, value, context.flex_term(query.dtype), context.window)
+    return context.flex(query, key, value, context.flex_term(query.dtype), context.window, context.distance_jacobian)
 
 
 KERNELS: dict[str, Callable[..., torch.Tensor]] = {

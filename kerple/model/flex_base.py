@@ -32,11 +32,30 @@ from typing import Any, Callable
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+try:  # torch >= 2.9; earlier releases return the log-sum-exp with return_lse=True
+    from torch.nn.attention.flex_attention import AuxRequest
+except ImportError:  # pragma: no cover - older torch
+    AuxRequest = None
+
 from kerple.model.flex_options import LadderKey, OptionsLadder, device_limits, is_out_of_resource
 from kerple.positional.logit_term import unsafe_captures
 
 ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 RECOMPILE_LIMIT = 256  # compiled variants of flex_attention per process (shapes x score mods x options)
+
+
+def lse_request(wanted: bool) -> dict[str, Any]:
+    """The keyword that makes ``flex_attention`` return its log-sum-exp too (``{}`` when not ``wanted``)."""
+    if not wanted:
+        return {}
+    return {"return_aux": AuxRequest(lse=True)} if AuxRequest is not None else {"return_lse": True}
+
+
+def split_lse(result: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(output, lse)`` from what ``flex_attention`` returned under :func:`lse_request`; ``lse [b, H, q]``
+    float32 in natural-log units."""
+    output, aux = result
+    return output, getattr(aux, "lse", aux)
 
 
 def _recompile_guard() -> Any:
@@ -100,8 +119,10 @@ class FlexKernel:
         captured: tuple[torch.Tensor, ...] = (),
         kind: str = "none",
         gathered_bytes: int = 0,
-    ) -> torch.Tensor:
-        """FlexAttention of ``query [b, H, q, d]``, ``key``/``value [b, H, k, d]`` -> ``[b, H, q, d]``.
+        return_lse: bool = False,
+    ) -> Any:
+        """FlexAttention of ``query [b, H, q, d]``, ``key``/``value [b, H, k, d]`` -> ``[b, H, q, d]``, or with
+        ``return_lse`` ``(output, lse [b, H, q])`` (:func:`split_lse`).
 
         ``captured``: the tensors ``score_mod`` reads; ``kind`` and ``gathered_bytes`` describe it
         for the option choice (:class:`~kerple.positional.logit_term.LogitTerm`). A captured tensor
@@ -115,18 +136,20 @@ class FlexKernel:
                 "parameters, which compiled FlexAttention leaves without one; pass them through "
                 "kerple.positional.logit_term.kernel_tensor"
             )
+        extra = lse_request(return_lse)
         if self._compiled_attention is None:
-            return flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask)
+            return flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask, **extra)
         limits = device_limits(query.device)
         if limits is None:
-            return self._compiled_attention(query, key, value, score_mod=score_mod, block_mask=block_mask)
+            return self._compiled_attention(query, key, value, score_mod=score_mod, block_mask=block_mask, **extra)
         ladder_key: LadderKey = (limits.name, str(query.dtype).removeprefix("torch."), query.shape[-1], kind)
         if torch.compiler.is_compiling():
             options = self._ladder.options(ladder_key, limits, query.dtype, gathered_bytes)
-            return flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask, kernel_options=options)
+            return flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask, kernel_options=options,
+                                  **extra)
         with _recompile_guard():
             return self._attend_on_ladder(ladder_key, limits, (query, key, value), score_mod, block_mask, captured,
-                                          gathered_bytes)
+                                          gathered_bytes, extra)
 
     def recover(self, error: BaseException, raised_in: str) -> bool:
         """After ``error`` from an enclosing ``torch.compile`` (``training.compile``): if it is Triton's
@@ -155,7 +178,7 @@ class FlexKernel:
 
     def _attend_on_ladder(self, ladder_key: LadderKey, limits: Any, qkv: tuple[torch.Tensor, ...],
                           score_mod: ScoreMod | None, block_mask: BlockMask, captured: tuple[torch.Tensor, ...],
-                          gathered_bytes: int) -> torch.Tensor:
+                          gathered_bytes: int, extra: dict[str, Any]) -> Any:
         """The compiled call with the ladder's options, stepping down on out-of-resource failures."""
         needs_backward = torch.is_grad_enabled() and any(t.requires_grad for t in (*qkv, *captured))
         while True:
@@ -164,13 +187,13 @@ class FlexKernel:
             phase = "forward"
             try:
                 if needs_backward and signature not in self._backward_checked:
-                    copy, wanted = self._run_copy(qkv, score_mod, block_mask, captured, options)
+                    copy, wanted = self._run_copy(qkv, score_mod, block_mask, captured, options, extra)
                     phase = "backward"  # PyTorch compiles the backward kernel here, at the first gradient
                     torch.autograd.grad(copy, wanted, torch.zeros_like(copy), allow_unused=True)
                     self._backward_checked.add(signature)
                     phase = "forward"
                 output = self._compiled_attention(*qkv, score_mod=score_mod, block_mask=block_mask,
-                                                  kernel_options=options)
+                                                  kernel_options=options, **extra)
             except Exception as error:
                 if not is_out_of_resource(error):
                     raise
@@ -183,14 +206,16 @@ class FlexKernel:
             return output
 
     def _run_copy(self, qkv: tuple[torch.Tensor, ...], score_mod: ScoreMod | None, block_mask: BlockMask,
-                  captured: tuple[torch.Tensor, ...], options: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The kernel on detached copies of ``qkv`` (same ``requires_grad``, hence the same compiled
-        kernel as the real call), and the tensors a gradient of it reaches."""
+                  captured: tuple[torch.Tensor, ...], options: dict,
+                  extra: dict[str, Any]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The kernel on detached copies of ``qkv`` (same ``requires_grad`` and outputs, hence the same
+        compiled kernel as the real call), its attention output, and the tensors a gradient of it reaches."""
         inputs = tuple(t.detach().requires_grad_(t.requires_grad) for t in qkv)
         # identity hooks: an enclosing activation checkpoint's saved-tensor hooks must not see the copy
         with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
             output = self._compiled_attention(*inputs, score_mod=score_mod, block_mask=block_mask,
-                                              kernel_options=options)
+                                              kernel_options=options, **extra)
+        output = split_lse(output)[0] if extra else output
         return output, [t for t in (*inputs, *captured) if t.requires_grad]
 
 

@@ -39,7 +39,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from kerple.positional.logit_term import ScorePosition, read_spread, spread
+from kerple.positional.logit_term import kernel_tensor
 
 ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -102,20 +102,18 @@ class FlexMods(NamedTuple):
 def flex_mods(scalars: torch.Tensor, dilation: int, padded: bool) -> FlexMods:
     """FlexAttention's ``score_mod`` (``+ r[h, k]``; the pad slot's ``logsumexp``) and ``mask_mod``
     (Eq. 6.1 and the pad slot) over the ``[pad, x_0, ...]`` layout; two tables computed from
-    ``scalars`` are captured (spread copies, :func:`~kerple.positional.logit_term.spread`), so
+    ``scalars`` are captured (copies made by :func:`~kerple.positional.logit_term.kernel_tensor`), so
     gradients reach ``scalars`` where FlexAttention has a backward."""
     chunk = scalars.shape[-1]
-    table = scalars.to(torch.promote_types(scalars.dtype, torch.float32))
-    pad_table = spread(pad_logits(table)[:, :chunk])  # the C-th column (no absent key) is masked anyway
-    table = spread(table)  # [H, C] read at C places per head: spread as wide as a per-head scalar
+    table = kernel_tensor(scalars.to(torch.promote_types(scalars.dtype, torch.float32)))
+    pad_table = kernel_tensor(pad_logits(table)[:, :chunk])  # the C-th column (no absent key) is masked anyway
     reach = (chunk - 1) * dilation  # a real query at index q has an absent key iff q - 1 < reach
 
     def score_mod(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-        position = ScorePosition(b, h, q_idx, kv_idx)
         key_slot = torch.clamp(torch.div(q_idx - kv_idx, dilation, rounding_mode="floor"), 0, chunk - 1)
         pad_slot = torch.clamp(torch.div(q_idx - 1, dilation, rounding_mode="floor") + 1, 0, chunk - 1)
-        real = read_spread(table, position, h, key_slot)
-        pad = read_spread(pad_table, position, h, pad_slot)
+        real = table[h, key_slot]
+        pad = pad_table[h, pad_slot]
         return score + torch.where(kv_idx == 0, pad, real)
 
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,7 @@ from torch import nn
 from kerple.positional.alibi import alibi_slopes, linear_bias
 from kerple.positional.base import PositionalEmbedding, PositionKind, global_head_indices
 from kerple.positional.functional import distance_power, distance_vector, straight_through_clamp
-from kerple.positional.logit_term import LogitTerm, gathered_bytes, per_head_term, spread
+from kerple.positional.logit_term import LogitTerm, per_head_term
 
 Formula = Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
 # A term's form in the Hugging Face export: (form of modeling_kerple.py, {its parameter: a parameter
@@ -95,6 +95,10 @@ class LearnableKernel(PositionalEmbedding):
                 terms[place] = {"form": form, **values}
         return terms
 
+    def head_parameters(self) -> dict[str, int]:
+        """Every parameter, ``[H, 1, 1]``: heads on axis 0."""
+        return {name: 0 for name in self.parameter_specs}
+
     def distances(self, k_len: int, device: torch.device | None = None) -> torch.Tensor:
         """Float32 ``[1, k_len]`` distances ``0..k_len-1``, cached per (k_len, device)."""
         device = torch.device(device) if device is not None else self._device()
@@ -122,13 +126,12 @@ class LearnableKernel(PositionalEmbedding):
         return tables[0], tables[1]
 
     def logit_term(self) -> LogitTerm:
-        """The formulas per score, reading the effective parameters ``[H]`` (captured tensors, spread:
-        :func:`~kerple.positional.logit_term.spread`)."""
+        """The formulas per score, reading the effective parameters ``[H]`` (captured tensors)."""
         bias_names, scale_names = self._term_names()
-        tensors = tuple(spread(self.effective(name).reshape(self.num_heads)) for name in bias_names + scale_names)
+        tensors = tuple(self.effective(name).reshape(self.num_heads) for name in bias_names + scale_names)
         bias = None if self.bias_formula is None else per_head_term(self.bias_formula, bias_names)
         scale = None if self.scale_formula is None else per_head_term(self.scale_formula, scale_names, len(bias_names))
-        return LogitTerm(tensors, bias=bias, scale=scale, gathered_bytes=gathered_bytes(tensors))
+        return LogitTerm(tensors, bias=bias, scale=scale)
 
     def metrics(self) -> dict[str, float]:
         """Per-head effective values (``bias_p/head3``) and their mean/std/min/max per parameter."""

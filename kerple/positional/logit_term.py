@@ -8,9 +8,10 @@ key position). Two forms exist:
 * **closed form** (:meth:`PositionalEmbedding.logit_term`): the term is computed from per-head
   tensors (KERPLE's ``[H]`` parameters, ALiBi's slopes), e.g. ``-r1[h]·log(1 + r2[h]·d)``
   (KERPLE paper §4). Nothing of size ``L`` is read, so no tile of gathered values occupies the
-  kernel's shared memory, and the per-head tensors are FlexAttention *captured buffers*: where
-  FlexAttention has a backward (CUDA), their gradients come out of the fused backward kernel and
-  autograd carries them on to the parameters.
+  kernel's shared memory. In training the kernel gets the term detached (:meth:`LogitTerm.detached`)
+  and the parameters' gradient comes from a separate reduction (:mod:`kerple.model.bias_gradient`);
+  a term whose tensors keep their gradient (FIRE, CABLE) has it returned by FlexAttention's own
+  backward (CUDA), which scatters it into the captured tensors.
 * **distance table** (:func:`distance_table_term`): for terms without a closed form (T5 buckets,
   Sandwich's cosine sums) the kernel gathers ``table[h, d]`` from the ``[H, L]`` distance tables,
   cast to the compute dtype (a bf16 table tile takes half the shared memory of an fp32 one).
@@ -68,47 +69,6 @@ def kernel_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-SPREAD = 256  # copies of a differentiated per-head scalar a kernel reads
-_ROW_STRIDE = 64  # spread slot of a score: (64·i + j) mod width, 256 distinct slots in any 4 x 64 block
-
-
-def spread(tensor: torch.Tensor, width: int = SPREAD) -> torch.Tensor:
-    """``tensor [...]`` as ``[..., width]`` identical copies (its own storage) when it needs a gradient,
-    else as ``[..., 1]``; a score reads the copy :func:`spread_slot` picks (:func:`read_spread`).
-
-    Why (measured on an H200, docs/gpu-report.md): FlexAttention's backward adds the gradient of a
-    captured tensor with one atomic add per score at the index the score read. A KERPLE parameter
-    ``r[h]`` is one address for all ``B·L²/2`` scores of head ``h``: those atomics serialise, and a
-    162M ``kerple_log`` training step took 1,431 ms against 98 ms with sdpa. Spread 256 wide, a tile's
-    scores hit 256 addresses and the step took 279 ms; autograd sums the copies' gradients back into
-    the parameter (the backward of ``expand``). Values are unchanged, so the term is bitwise the same.
-    The price: the kernel reads a spread tensor as a gathered ``[BLOCK_M, BLOCK_N]`` tile
-    (:func:`gathered_bytes`), which takes shared memory.
-    """
-    width = width if tensor.requires_grad else 1
-    return tensor.unsqueeze(-1).expand(*tensor.shape, width).clone(memory_format=torch.contiguous_format)
-
-
-def spread_slot(position: ScorePosition, width: int) -> torch.Tensor:
-    """The copy a score at ``position`` reads from a tensor spread ``width`` wide."""
-    return (position.query * _ROW_STRIDE + position.key) % width
-
-
-def read_spread(tensor: torch.Tensor, position: ScorePosition, *index: torch.Tensor) -> torch.Tensor:
-    """``tensor[*index]`` for a spread tensor (its last dimension the copies), ``tensor[*index]`` of the
-    plain tensor otherwise (``tensor.dim() == len(index)``)."""
-    if tensor.dim() == len(index):
-        return tensor[index]
-    return tensor[(*index, spread_slot(position, tensor.shape[-1]))]
-
-
-def gathered_bytes(tensors: tuple[torch.Tensor, ...]) -> int:
-    """Bytes per score the kernel gathers from spread tensors (one element of each spread wider than
-    1): FlexAttention stages them as score-shaped tiles (:mod:`kerple.model.flex_options`). On an H200
-    the estimate with this count gave exactly the shared memory Triton reported (376,832 bytes)."""
-    return sum(tensor.element_size() for tensor in tensors if tensor.dim() >= 2 and tensor.shape[-1] > 1)
-
-
 def unsafe_captures(tensors: tuple[torch.Tensor, ...]) -> list[int]:
     """Indices of ``tensors`` that :func:`kernel_tensor` would copy (kernels refuse such captures)."""
     return [index for index, tensor in enumerate(tensors) if kernel_tensor(tensor) is not tensor]
@@ -154,6 +114,11 @@ class LogitTerm:
             score = score + self.bias(self.tensors, position)
         return score
 
+    def detached(self) -> LogitTerm:
+        """The same term with every captured tensor detached: a fused kernel then returns no gradient for
+        them (a kernel that returns the parameters' gradient apart, :mod:`kerple.model.bias_gradient`)."""
+        return replace(self, tensors=tuple(tensor.detach() for tensor in self.tensors))
+
     def divide_bias(self, temperature: float) -> LogitTerm:
         """The same term with its bias divided by a softmax temperature τ (thesis §5.4).
 
@@ -178,8 +143,7 @@ def per_head_term(
     first: int = 0,
 ) -> TermFunction:
     """A term function evaluating ``formula(params, distance)`` with ``params[name] = tensor[h]``,
-    the ``[H]`` tensors ``tensors[first:first + len(names)]`` in the order of ``names`` (or ``[H, W]``
-    tensors made by :func:`spread`, read at the score's copy).
+    the ``[H]`` tensors ``tensors[first:first + len(names)]`` in the order of ``names``.
 
     ``formula`` is the same broadcasting expression a family uses for its distance tables (there
     with ``[H, 1]`` parameters and ``[1, L]`` distances), so the closed form and the table are one
@@ -187,7 +151,7 @@ def per_head_term(
     """
 
     def term(tensors: tuple[torch.Tensor, ...], position: ScorePosition) -> torch.Tensor:
-        params = {name: read_spread(tensors[first + slot], position, position.head) for slot, name in enumerate(names)}
+        params = {name: tensors[first + slot][position.head] for slot, name in enumerate(names)}
         return formula(params, causal_distance(position))
 
     return term
@@ -197,9 +161,6 @@ def distance_table_term(
     bias_table: torch.Tensor | None, scale_table: torch.Tensor | None, dtype: torch.dtype
 ) -> LogitTerm | None:
     """The term that gathers ``table[h, d]`` from ``[H, L]`` distance tables cast to ``dtype``.
-
-    Not spread (:func:`spread`): a tile's scores already read about ``2·BLOCK`` distances, and spreading
-    the T5 table eight wide did not speed its training step on an H200 (docs/gpu-report.md).
 
     Distances are clamped into ``[0, L - 1]`` (clamped scores are masked). ``None`` when both
     tables are ``None``.

@@ -14,7 +14,7 @@ from torch.overrides import TorchFunctionMode
 
 import kerple.positional as positional
 from kerple.positional.base import gather_by_distance
-from kerple.positional.logit_term import SPREAD, LogitTerm, ScorePosition, distance_table_term
+from kerple.positional.logit_term import LogitTerm, ScorePosition, distance_table_term
 
 H = 4
 SIZES = dict(num_heads=H, head_dim=8, hidden_size=32, max_positions=64)
@@ -116,14 +116,10 @@ def test_closed_form_reads_each_per_head_tensor_once(name: str) -> None:
     module = build(name)
     term = module.logit_term().divide_bias(1.7)
     per_head = [tensor for tensor in term.tensors if tensor.dim() >= 1]
-    # per head, or one value (FIRE's MLP input layer); a differentiated one spread SPREAD copies wide
-    # (the gradient's atomic adds spread over as many addresses), a plain one [H] or one copy wide
-    for tensor in per_head:
-        copies = SPREAD if tensor.requires_grad else 1
-        assert tensor.shape in ((H,), (1,), (H, copies), (1, copies)), tensor.shape
+    for tensor in per_head:  # per head, or one value (FIRE's MLP input layer)
+        assert tensor.shape in ((H,), (1,)), tensor.shape
     assert all(tensor.dim() == 0 for tensor in term.tensors if tensor.dim() < 1)  # the 1/τ factor
-    spread_bytes = sum(4 for tensor in per_head if tensor.dim() == 2 and tensor.shape[1] == SPREAD)
-    assert term.kind == "closed_form" and term.gathered_bytes == spread_bytes  # spread copies are gathered tiles
+    assert term.kind == "closed_form" and term.gathered_bytes == 0  # nothing gathered into a score-shaped tile
     position = ScorePosition(*(torch.tensor(value) for value in (0, 2, 9, 4)))  # one score, as inside the kernel
     with _IndexCounter(term.tensors) as counter:
         term.apply(torch.tensor(0.5), position)

@@ -1,0 +1,201 @@
+"""What a learnable bias's gradient costs in attention, per path, in one run (ratios to ``none``).
+
+    python benchmarks/bias_gradient.py                                   # CUDA: 162M's attention, bf16
+    python benchmarks/bias_gradient.py --shape 4,4,512,32 --threads 1    # CPU, fp32
+    python benchmarks/bias_gradient.py --pe rpe --shape 1,12,8192,64     # another embedding, a long sequence
+
+One attention forward + backward of causal ``[batch, heads, length, head_dim]`` inputs with the
+embedding's term (``--pe``, default ``kerple_log``), each variant timed in the same rounds (rotated
+order, median; CUDA synchronised around each call):
+
+* ``none``: ``scaled_dot_product_attention(is_causal=True)``;
+* ``sdpa, dense bias`` (a bias without a logit scale): the ``[H, L, L]`` mask from the distance
+  tables, its gradient through sdpa
+  (on a CPU: the fused flash forward and the blockwise backward that sums the mask's gradient along
+  its diagonals, ``kerple/model/sdpa_cpu.py``; what ``auto`` trains a bias with on a CPU and on CUDA
+  below 8,192 tokens);
+* CPU ``flash + reduction``: the same flash forward with the mask detached, PyTorch's fused flash
+  backward for ``dq``/``dk``/``dv``, and the parameters' gradient from the separate reduction
+  (``kerple/model/bias_gradient.py``, torch on a CPU);
+* CUDA ``flex, captured gradient``: compiled FlexAttention with the closed form, its backward scattering
+  the parameters' gradient with atomic adds (``separate_gradient=False``);
+* CUDA ``flex, detached``: the same kernel with the term detached and no parameter gradient (the
+  floor of the next row);
+* CUDA ``flex + reduction``: the model's path: detached term, log-sum-exp, and the Triton reduction;
+* ``reduction alone``: the reduction on saved inputs.
+
+The per-head Jacobian tables are built in every call that needs them (the model builds them once per
+forward for all layers). Printed: milliseconds and the ratio to ``none``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from kerple import positional  # noqa: E402
+from kerple.model import sdpa_cpu  # noqa: E402
+from kerple.model.bias_gradient import parameter_gradient, with_parameter_gradient  # noqa: E402
+from kerple.positional.base import diagonal_gather  # noqa: E402
+from kerple.positional.jacobian import distance_jacobian  # noqa: E402
+from kerple.positional.logit_term import LogitTerm, distance_table_term  # noqa: E402
+
+Variant = Callable[[], None]
+
+
+def _inputs(shape: list[int], device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
+    generator = torch.Generator(device=device).manual_seed(0)
+    return [torch.randn(shape, device=device, dtype=dtype, generator=generator) for _ in range(4)]
+
+
+def _diagonals(table: torch.Tensor, length: int) -> torch.Tensor:
+    """The causal mask's value per diagonal (``sdpa_cpu``'s layout): ``-inf`` above the diagonal."""
+    return torch.cat([table.new_full((table.shape[0], length - 1), float("-inf")), table], dim=-1)
+
+
+def common_variants(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor]) -> dict[str, Variant]:
+    """``none``, ``sdpa, dense bias`` and ``reduction alone``, on either device."""
+    q, k, v, upstream = tensors
+    length, device = q.shape[-2], q.device
+
+    def leaves() -> list[torch.Tensor]:
+        return [t.detach().requires_grad_() for t in (q, k, v)]
+
+    def none() -> None:
+        F.scaled_dot_product_attention(*leaves(), is_causal=True).backward(upstream)
+
+    def dense() -> None:
+        query, key, value = leaves()
+        diagonals = _diagonals(embedding.distance_tables(length, device)[0], length)
+        mask = diagonal_gather(diagonals, length, length)[None]
+        if sdpa_cpu.supported(query, 0.0):
+            output = sdpa_cpu.masked_attention(query, key, value, mask.detach(), diagonals)
+        else:
+            output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask.to(q.dtype))
+        output.backward(upstream)
+
+    with torch.no_grad():
+        output = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        scores = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
+        scores = scores.masked_fill(torch.ones(length, length, dtype=torch.bool, device=device).triu(1), float("-inf"))
+        lse = torch.logsumexp(scores, -1)
+        del scores
+
+    def reduction() -> None:
+        tables = distance_jacobian(embedding, length, device).tables
+        parameter_gradient(q, k, v, output, lse, upstream, tables, None)
+
+    bias, scale = embedding.distance_tables(length, device)
+    dense_row = {"sdpa, dense bias": dense} if bias is not None and scale is None else {}  # sdpa cannot scale
+    return {"none": none, **dense_row, "reduction alone": reduction}
+
+
+def cpu_variants(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor]) -> dict[str, Variant]:
+    """The CPU's alternative to ``sdpa_cpu``'s combined backward: PyTorch's flash backward plus the reduction."""
+    q, k, v, upstream = tensors
+    length = q.shape[-2]
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+    def flash_and_reduction() -> None:
+        query, key, value = (t.detach().requires_grad_() for t in (q, k, v))
+        jacobian = distance_jacobian(embedding, length, q.device)
+        mask = diagonal_gather(_diagonals(jacobian.tables.bias, length), length, length)[None]
+        output, lse = flash(query, key, value, 0.0, True, attn_mask=mask)
+        with_parameter_gradient(output, query, key, value, lse, jacobian, None).backward(upstream)
+
+    return {"flash + reduction": flash_and_reduction}
+
+
+def cuda_variants(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor]) -> dict[str, Variant]:
+    """FlexAttention with the parameters' gradient captured, detached, and from the reduction."""
+    from kerple.model.flex import FlexAttentionKernel
+
+    q, k, v, upstream = tensors
+    length = q.shape[-2]
+    kernels = {separate: FlexAttentionKernel(compile=True, separate_gradient=separate) for separate in (True, False)}
+
+    def flex(separate: bool, detached: bool) -> Variant:
+        def run() -> None:
+            query, key, value = (t.detach().requires_grad_() for t in (q, k, v))
+            term = embedding.logit_term()
+            term = term if term is not None else _table_term(embedding, length, q.dtype)
+            jacobian = distance_jacobian(embedding, length, q.device) if separate else None
+            term = term.detached() if detached else term
+            kernels[separate](query, key, value, term, None, jacobian).backward(upstream)
+        return run
+
+    return {"flex, captured gradient": flex(False, False), "flex, detached": flex(False, True),
+            "flex + reduction": flex(True, False)}
+
+
+def _table_term(embedding: positional.PositionalEmbedding, length: int, dtype: torch.dtype) -> LogitTerm | None:
+    bias, scale = embedding.distance_tables(length)
+    return distance_table_term(bias, scale, dtype)
+
+
+def timed(variants: dict[str, Variant], rounds: int, device: torch.device) -> dict[str, float]:
+    """Median seconds per variant over ``rounds`` rotated rounds after one warm-up round."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for round_index in range(rounds + 1):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            variants[name]()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if round_index:
+                times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    cuda = torch.cuda.is_available()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="32,12,512,64" if cuda else "4,4,512,32", help="batch,heads,length,head_dim")
+    parser.add_argument("--pe", default="kerple_log", help="a distance-based learnable embedding")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: PyTorch's)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    shape = [int(part) for part in args.shape.split(",")]
+    embedding = positional.build(args.pe, num_heads=shape[1], head_dim=shape[3], hidden_size=shape[1] * shape[3],
+                                 max_positions=shape[2]).to(device)
+    if distance_jacobian(embedding, 2, device) is None:
+        print(f"bias_gradient.py: {args.pe} has no per-head Jacobian tables; choose a distance-based learnable "
+              "embedding (kerple_*, gauss_*, rpe)", file=sys.stderr)
+        return 2
+    if not cuda and embedding.distance_tables(2)[1] is not None:
+        print(f"bias_gradient.py: on a CPU every path here is sdpa's, which cannot scale the logits as {args.pe} "
+              "does; choose a bias (kerple_log, kerple_power, kerple_log3, gauss_bias2, gauss_bias3, rpe)",
+              file=sys.stderr)
+        return 2
+    tensors = _inputs(shape, device, dtype)
+    variants = common_variants(embedding, tensors)
+    variants.update(cuda_variants(embedding, tensors) if cuda else cpu_variants(embedding, tensors))
+    medians = timed(variants, args.rounds, device)
+    where = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} threads"
+    print(f"{where}; torch {torch.__version__}; {args.pe}; shape {shape}, {str(dtype).removeprefix('torch.')}; "
+          f"forward + backward, median of {args.rounds} rotated rounds\n")
+    print("| variant | ms | vs none |\n|---|---:|---:|")
+    for name, seconds in medians.items():
+        print(f"| {name} | {seconds * 1e3:.2f} | {seconds / medians['none']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

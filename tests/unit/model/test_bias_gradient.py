@@ -1,0 +1,126 @@
+"""The positional parameters' gradient summed apart from the attention kernel (:mod:`kerple.model.bias_gradient`),
+its CPU path, its place in autograd and ``torch.compile``, and its use by the model's FlexAttention.
+
+References: dense float64 attention differentiated by autograd (:mod:`bias_reference`), and the eager
+kernel of the model. The Triton kernel's own tests: ``test_bias_gradient_triton.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kerple.model.bias_gradient as bias_gradient
+from kerple.model.bias_gradient import parameter_gradient, with_parameter_gradient
+from kerple.positional.jacobian import DistanceJacobian, distance_jacobian
+
+from bias_reference import eager_case, parameter_errors
+from compiled_flex import compiled_cpu_flex
+from test_flex_compiled_gradients import _model, _run, _tokens
+
+DISTANCE_BASED = ["gauss_bias2", "gauss_bias3", "gauss_wht1", "gauss_wht2", "kerple_bias_wht", "kerple_log",
+                  "kerple_log3", "kerple_power", "kerple_wht", "rpe"]
+CPU = torch.device("cpu")
+
+
+def _torch_gradient(case, window):  # type: ignore[no-untyped-def]
+    jacobian = distance_jacobian(case.embedding, case.query.shape[-2], CPU)
+    grad_theta = parameter_gradient(case.query, case.key, case.value, case.output.float(), case.lse.float(),
+                                    case.grad_output, jacobian.tables, window)
+    return jacobian, grad_theta
+
+
+@pytest.mark.parametrize("window", [None, 37])
+@pytest.mark.parametrize("name", DISTANCE_BASED)
+def test_cpu_reduction_equals_autograd(name: str, window: int | None, one_thread: None) -> None:
+    """Three blocks of query rows (150 = 2·64 + 22), batch 2, 3 heads, with and without a window."""
+    case = eager_case(name, (2, 3, 150, 16), window=window)
+    jacobian, grad_theta = _torch_gradient(case, window)
+    errors = parameter_errors(case, jacobian.theta, grad_theta)
+    assert max(errors.values()) < 1e-4, errors
+
+
+def test_identity_passes_the_output_and_returns_the_parameters_gradient(one_thread: None) -> None:
+    case = eager_case("kerple_bias_wht", (2, 3, 70, 16))
+    jacobian = distance_jacobian(case.embedding, 70, CPU)
+    output = case.output.float().requires_grad_()
+    attached = with_parameter_gradient(output, case.query, case.key, case.value, case.lse.float(), jacobian, None)
+    assert torch.equal(attached, output)
+    grad_output, *parameter_grads = torch.autograd.grad(
+        (attached * case.grad_output).sum(), [output, *case.embedding.parameters()])
+    assert torch.equal(grad_output, case.grad_output)  # an identity for the attention output
+    errors = {name: ((g.double() - case.gradients[name]).abs().max() / case.gradients[name].abs().max()).item()
+              for name, g in zip(dict(case.embedding.named_parameters()), parameter_grads)}
+    assert max(errors.values()) < 1e-4, errors
+
+
+def test_identity_compiles_as_one_opaque_call(one_thread: None) -> None:
+    """Under ``torch.compile(fullgraph=True)`` (AOTAutograd, as a compiled layer) the custom op traces without a
+    graph break and its backward still returns the parameters' gradient."""
+    case = eager_case("rpe", (1, 2, 40, 16))
+    jacobian = distance_jacobian(case.embedding, 40, CPU)  # built outside the layers, as the model does
+
+    def attend(output: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        attached = with_parameter_gradient(output * 1.0, case.query, case.key, case.value, case.lse.float(),
+                                           DistanceJacobian(theta, jacobian.tables), None)
+        return (attached * case.grad_output).sum()
+
+    theta = jacobian.theta
+    output = case.output.float().requires_grad_()
+    torch._dynamo.reset()
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    got = torch.autograd.grad(compiled(output, theta), theta, retain_graph=True)[0]
+    expected = torch.autograd.grad(attend(output, theta), theta, retain_graph=True)[0]
+    torch._dynamo.reset()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    errors = parameter_errors(case, theta, got)
+    assert max(errors.values()) < 1e-4, errors
+
+
+@pytest.mark.parametrize("name", ["kerple_log", "rpe", "kerple_wht", "fire", "cable"])
+def test_model_flex_uses_the_reduction_for_distance_based_terms(name: str, monkeypatch: pytest.MonkeyPatch,
+                                                                one_thread: None) -> None:
+    """Compiled flex training (AOTAutograd on a CPU): the kernel captures no tensor that needs a gradient for a
+    distance-based term, and the reduction runs once per layer; FIRE and CABLE keep FlexAttention's own."""
+    model, tokens = _model(name, 16), _tokens()
+    calls, captured = [], []
+    original_reduction, original_attend = bias_gradient.parameter_gradient, type(model._flex).attend
+    monkeypatch.setattr(bias_gradient, "parameter_gradient",
+                        lambda *args, **kwargs: calls.append(1) or original_reduction(*args, **kwargs))
+
+    def spying_attend(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        captured.extend(tensor.requires_grad for tensor in args[5])  # q, k, v, score_mod, block_mask, captured
+        return original_attend(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model._flex), "attend", spying_attend)
+    with compiled_cpu_flex(monkeypatch, model._flex):
+        _run(model, "flex", tokens)
+    separate = name not in ("fire", "cable")
+    assert len(calls) == (model.num_layers if separate else 0)
+    assert any(captured) != separate
+
+
+def test_separate_gradient_off_keeps_flexattentions_own(monkeypatch: pytest.MonkeyPatch, one_thread: None) -> None:
+    """``separate_gradient=False`` (for comparisons): the same gradients, through the captured tensors."""
+    tokens = _tokens()
+    grads = {}
+    for separate in (True, False):
+        model = _model("kerple_log3", 16)
+        model._flex.separate_gradient = separate
+        with compiled_cpu_flex(monkeypatch, model._flex):
+            grads[separate] = _run(model, "flex", tokens)[1]
+    for key, expected in grads[False].items():
+        torch.testing.assert_close(grads[True][key], expected, rtol=1e-5, atol=1e-7, msg=key)
+
+
+def test_checkpointed_layers_get_the_same_gradient(monkeypatch: pytest.MonkeyPatch, one_thread: None) -> None:
+    """Activation checkpointing recomputes the layer (the identity included) in the backward pass."""
+    tokens = _tokens()
+    grads = {}
+    for checkpointed in (False, True):
+        model = _model("kerple_bias_wht", 16)
+        model.checkpoint_activations = checkpointed
+        with compiled_cpu_flex(monkeypatch, model._flex):
+            grads[checkpointed] = _run(model, "flex", tokens)[1]
+    for key, expected in grads[False].items():
+        torch.testing.assert_close(grads[True][key], expected, rtol=1e-6, atol=1e-8, msg=key)
