@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from kerple.checkpoint import RunState, architecture_args, capture_rng, save_checkpoint, tag_for
+from kerple.checkpoint.architecture import with_origin
 from kerple.checkpoint.run_state import deepspeed_version
 from kerple.model import maybe_compile
 from kerple.model.decoder import compile_flex_kernels
@@ -41,7 +42,7 @@ from kerple.training.errors import TrainingDivergedError, TrainingError
 from kerple.training.lock import SaveLock
 from kerple.training.monitor import Monitor, progress_line
 from kerple.training.optimizer import build_optimizer
-from kerple.training.resume import load_weights, restore_run_state
+from kerple.training.resume import load_weights, prepare_resume, restore_run_state
 from kerple.training.schedule import AnnealingLR
 from kerple.training.summary import already_finished, parameter_count, startup_summary
 
@@ -89,6 +90,8 @@ class Trainer:
 
         self._seed(int(cfg.training.seed))
         self.train_feed, self.valid_feed = build_feeds(cfg, parallel)
+        runtime = prepare_resume(cfg, trust=trust_checkpoint)  # the run-time options the model is built with
+        self.finetuned_from = runtime.finetuned_from
         self.model = build_rank_model(cfg, parallel)
         resumed = load_weights(self.model, cfg, parallel, trust=trust_checkpoint)
         self.resumed_from = None if resumed is None else resumed.directory
@@ -127,6 +130,7 @@ class Trainer:
                 start_iteration=self.iteration,
                 resumed_from=str(resumed.directory) if resumed is not None else None,
                 scheduler=self.scheduler,
+                notes=runtime.notes,
             )
         )
 
@@ -249,7 +253,7 @@ class Trainer:
             return None
         run_state = RunState(
             iteration=self.iteration,
-            args=architecture_args(self.cfg),
+            args=with_origin(architecture_args(self.cfg), self.finetuned_from),
             consumed_train_samples=self.consumed_train_samples,
             skipped_steps=self.skipped_steps,
             seed=int(self.cfg.training.seed),
