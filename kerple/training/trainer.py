@@ -40,6 +40,7 @@ from kerple.training.batches import build_feeds
 from kerple.training.engine import build_rank_model, build_stages, gathered, initialize_engine
 from kerple.training.errors import TrainingDivergedError, TrainingError
 from kerple.training.lock import SaveLock
+from kerple.training.memory import check_training_memory
 from kerple.training.monitor import Monitor, progress_line
 from kerple.training.optimizer import build_optimizer
 from kerple.training.resume import load_weights, prepare_resume, restore_run_state
@@ -88,6 +89,7 @@ class Trainer:
         self.skipped_steps = 0
         self._stop_signal: int | None = None
 
+        check_training_memory(cfg, parallel)  # a micro-batch that cannot fit is refused, not killed at step 1
         self._seed(int(cfg.training.seed))
         self.train_feed, self.valid_feed = build_feeds(cfg, parallel)
         runtime = prepare_resume(cfg, trust=trust_checkpoint)  # the run-time options the model is built with
