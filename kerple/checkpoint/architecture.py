@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from kerple.checkpoint.errors import ArchitectureMismatchError
-from kerple.checkpoint.runtime_options import finetuned_from
+from kerple.checkpoint.runtime_options import finetuned_from, runtime_args
 from kerple.model import families
 
 # The reference's ``args`` fields (docs/reference-format.md §6).
@@ -83,6 +83,7 @@ def architecture_args(cfg: Any) -> dict[str, Any]:
     args = {name: _plain(getattr(getattr(cfg, section), name)) for name, section in _RECORDED_ARGS}
     args.update({name: _plain(getattr(cfg.model, name)) for name in families.family_of(cfg).recorded_args})
     args["positional_options"] = {name: _plain(getattr(cfg.positional, name)) for name in positional_option_names()}
+    args.update({name: _plain(value) for name, value in runtime_args(cfg).items()})
     return with_origin(args, finetuned_from(cfg))
 
 

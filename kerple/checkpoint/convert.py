@@ -28,6 +28,7 @@ from kerple.checkpoint.architecture import (
     positional_option_names,
 )
 from kerple.checkpoint.errors import CheckpointError
+from kerple.checkpoint.runtime_options import ATTENTION_OPTIONS
 from kerple.errors import UsageError, entry_point
 from kerple.outputs import check_output_folder
 from kerple.checkpoint.huggingface import describe_export, export_huggingface, exported_iteration, import_huggingface
@@ -38,8 +39,8 @@ from kerple.model import families
 
 # Recorded fields carried into the config of a checkpoint converted without --config (the tokenizer
 # files too, so that a Hugging Face export takes them along where they still exist).
-_CONFIG_KEYS = (*model_options(), "layernorm_epsilon", *positional_option_names(), "seq_length", "tokenizer_type",
-                "vocab_file", "merge_file", "tokenizer_file")
+_CONFIG_KEYS = (*model_options(), "layernorm_epsilon", *positional_option_names(), *ATTENTION_OPTIONS, "seq_length",
+                "tokenizer_type", "vocab_file", "merge_file", "tokenizer_file")
 
 
 def config_from_checkpoint(ckpt: Any) -> dict[str, Any]:

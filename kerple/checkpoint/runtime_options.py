@@ -2,9 +2,11 @@
 
 A run-time option says how a trained model is run, not what its weights mean: every positional
 option declared with ``weights_bound=False`` (:func:`kerple.positional.runtime_option_names`:
-``rope_scaling``), and ``finetune`` (the weights came from another run, the step count started over).
-The checkpoint's ``args`` record them (:func:`kerple.checkpoint.architecture.architecture_args`:
-``positional_options`` and ``finetuned_from``), so a command that loads it needs no repetition of them:
+``rope_scaling``), ``attention_window`` (:data:`ATTENTION_OPTIONS`), and ``finetune`` (the weights
+came from another run, the step count started over). The checkpoint's ``args`` record them
+(:func:`kerple.checkpoint.architecture.architecture_args`: ``positional_options``,
+``attention_window``, ``finetuned_from``; a record written before a key existed leaves that option
+unchecked), so a command that loads it needs no repetition of them:
 
 * resuming training (:func:`use_recorded`, :data:`RESUME`): an option the config does not set takes
   the recorded value (the config's source then reads ``recorded in DIR``); a different value set by
@@ -40,11 +42,32 @@ class Recorded:
     finetuned_from: str | None = None
 
 
-def runtime_options(cfg: Any) -> dict[str, Any]:
-    """The config's value of every positional run-time option."""
+ATTENTION_OPTIONS = ("attention_window",)
+"""The ``attention`` settings that are run-time options: a window limits the keys a query sees, the
+weights are the same (thesis §4.3.3)."""
+
+
+def runtime_idents() -> dict[str, str]:
+    """Every run-time option's name and its config field (``positional.rope_scaling``, ...)."""
     from kerple import positional
 
-    return {name: getattr(cfg.positional, name) for name in positional.runtime_option_names()}
+    return {**{name: f"positional.{name}" for name in positional.runtime_option_names()},
+            **{name: f"attention.{name}" for name in ATTENTION_OPTIONS}}
+
+
+def _value(cfg: Any, ident: str) -> Any:
+    section, name = ident.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def runtime_options(cfg: Any) -> dict[str, Any]:
+    """The config's value of every run-time option."""
+    return {name: _value(cfg, ident) for name, ident in runtime_idents().items()}
+
+
+def runtime_args(cfg: Any) -> dict[str, Any]:
+    """The ``args`` entries of the run-time options outside ``positional_options``."""
+    return {name: _value(cfg, f"attention.{name}") for name in ATTENTION_OPTIONS}
 
 
 def finetuned_from(cfg: Any) -> str | None:
@@ -60,9 +83,10 @@ def from_args(args: dict[str, Any], where: str) -> Recorded | None:
         return None
     from kerple import positional
 
+    options = {name: recorded.get(name) for name in positional.runtime_option_names()}
+    options.update({name: args[name] for name in ATTENTION_OPTIONS if name in args})
     origin = args.get("finetuned_from")
-    return Recorded(where, {name: recorded.get(name) for name in positional.runtime_option_names()},
-                    origin if isinstance(origin, str) else None)
+    return Recorded(where, options, origin if isinstance(origin, str) else None)
 
 
 def read_recorded(folder: str | Path, iteration: int | None = None, *, trust: bool = False) -> Recorded | None:
@@ -76,7 +100,8 @@ def read_recorded(folder: str | Path, iteration: int | None = None, *, trust: bo
     if (folder / "model.safetensors").is_file() and (folder / "config.json").is_file():
         from kerple.checkpoint.huggingface import exported_config
 
-        return from_args({"positional_options": exported_config(folder)}, str(folder))
+        config = exported_config(folder)
+        return from_args({"positional_options": config, **config}, str(folder))
     tag = find_checkpoint(folder, iteration)
     if tag is None or not (tag / mp_rank_file_name(0)).is_file():
         return None
@@ -90,7 +115,10 @@ def show(value: Any) -> str:
     """A value as one line of YAML flow style (as a user writes it on the command line)."""
     import yaml
 
-    return "none" if value is None else yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10**6).strip()
+    if value is None:
+        return "none"
+    text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10**6)
+    return text.removesuffix("\n...\n").strip()  # a scalar document ends with "..."
 
 
 RESUME, USE, NEW_RUN = "resume", "use", "new run"
@@ -107,10 +135,11 @@ def use_recorded(cfg: Any, recorded: Recorded | None, *, mode: str) -> list[str]
     if recorded is None:
         return []
     notes = []
+    idents = runtime_idents()
     for name, value in recorded.options.items():
-        ident = f"positional.{name}"
-        configured = getattr(cfg.positional, name)
-        if configured == value:
+        ident = idents[name]
+        configured = _value(cfg, ident)
+        if _meaning(configured) == _meaning(value):
             continue
         source, written = cfg.provenance(ident)
         if source == DEFAULT and mode != NEW_RUN:
@@ -125,30 +154,42 @@ def use_recorded(cfg: Any, recorded: Recorded | None, *, mode: str) -> list[str]
     return notes
 
 
+def _meaning(value: Any) -> Any:
+    """``value`` with the spelled-out absence of an option as ``None`` (``{rope_type: default}``)."""
+    from kerple.positional.rope_scaling import NO_SCALING
+
+    return None if isinstance(value, dict) and value == {"rope_type": NO_SCALING} else value
+
+
 def _adopt(cfg: Any, name: str, value: Any, where: str) -> None:
-    """Set ``cfg.positional.<name>`` to a recorded ``value``, checked as the config checks it."""
+    """Set a run-time option to a recorded ``value``, checked as the config checks it (a positional
+    one against the model's shape; the record's attention window is one this architecture had)."""
     from kerple import positional
 
-    problem = positional.options_problem(
-        cfg.positional.pos_emb, {**cfg.positional.options(), name: value}, head_dim=cfg.model.head_dim,
-        max_positions=cfg.model.max_position_embeddings,
-    )
-    if problem is not None:
-        raise ConfigError(f"the value {show(value)} that {where} records does not fit this config: {problem[1]}; "
-                          "set the key", file=where, key=problem[0])
-    setattr(cfg.positional, name, value)
-    cfg.sources[f"positional.{name}"] = (f"{RECORDED} {where}", name)
+    ident = runtime_idents()[name]
+    section, field = ident.split(".")
+    if section == "positional":
+        problem = positional.options_problem(
+            cfg.positional.pos_emb, {**cfg.positional.options(), name: value}, head_dim=cfg.model.head_dim,
+            max_positions=cfg.model.max_position_embeddings,
+        )
+        if problem is not None:
+            raise ConfigError(f"the value {show(value)} that {where} records does not fit this config: {problem[1]}; "
+                              "set the key", file=where, key=problem[0])
+    setattr(getattr(cfg, section), field, value)
+    cfg.sources[ident] = (f"{RECORDED} {where}", name)
 
 
 def runtime_summary(cfg: Any) -> str:
-    """``rope_scaling {...} (where from)``, for each run-time option the config's ``pos_emb`` takes."""
+    """``rope_scaling {...} (where from)``, for each run-time option the config's ``pos_emb`` takes and
+    each other one that is set."""
     from kerple import positional
 
     declared = positional.family(cfg.positional.pos_emb).options_class
-    names = {field for field in getattr(declared, "__dataclass_fields__", {})}
+    names = set(getattr(declared, "__dataclass_fields__", {}))
     parts = []
-    for name, value in runtime_options(cfg).items():
-        if name in names:
-            source = cfg.provenance(f"positional.{name}")[0]
+    for (name, value), ident in zip(runtime_options(cfg).items(), runtime_idents().values()):
+        if name in names or (not ident.startswith("positional.") and value is not None):
+            source = cfg.provenance(ident)[0]
             parts.append(f"{name} {show(value)}" + ("" if source == DEFAULT else f" ({source})"))
     return "; ".join(parts)

@@ -241,6 +241,8 @@ def rope_scaling_problem(
     rope_type = rope_scaling.get("rope_type")
     if rope_type not in rope_types():
         got = "no rope_type" if rope_type is None else f"rope_type {rope_type!r}"
+        if rope_type is None and "type" in rope_scaling:
+            got += " (the key is rope_type: transformers' older spelling 'type' is not read)"
         return f"rope_scaling needs rope_type: one of {', '.join(rope_types())}; got {got}"
     problem = _keys_problem(rope_scaling) or _value_rules(rope_scaling, int(head_dim * rotary_pct) // 2)
     if problem or rope_type == NO_SCALING:

@@ -74,3 +74,12 @@ def test_an_export_imported_back_keeps_its_step(rotary_run: Path, tmp_path: Path
     original = torch.load(rotary_run / "global_step50" / "layer_02-model_00-model_states.pt", weights_only=True)
     back = torch.load(tmp_path / "back" / "global_step50" / "layer_02-model_00-model_states.pt", weights_only=True)
     assert torch.equal(back["attention.dense.weight"], original["attention.dense.weight"])
+
+
+def test_a_windowed_run_converts_with_its_window(tmp_path: Path) -> None:
+    """The attention window (a run-time option) is carried into the converted config and the export."""
+    source = write_reference_checkpoint(tmp_path / "ref", reference_tensors("alibi"), pos_emb="alibi",
+                                        args_overrides={"attention_window": 16})
+    assert convert_main([str(source), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    exported = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert exported["attention_window"] == 16 and exported["kerple"]["config"]["attention_window"] == 16

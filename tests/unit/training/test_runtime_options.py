@@ -30,12 +30,15 @@ def runtime_examples() -> dict[str, list[str]]:
         "{rope_type: llama3, factor: 4, original_max_position_embeddings: 128, low_freq_factor: 1, high_freq_factor: 4}",
         "{rope_type: proportional}",
     ]
-    return {"rope_scaling": [f"rope_scaling={value}" for value in scalings]}
+    return {"rope_scaling": [f"rope_scaling={value}" for value in scalings], "attention_window": ["attention_window=16"]}
 
 
 def dry_run_cases() -> list[str]:
+    from kerple.checkpoint.runtime_options import runtime_idents
+
     examples = runtime_examples()
-    assert set(positional.runtime_option_names()) <= set(examples), "add an example of the new run-time option"
+    assert set(runtime_idents()) <= set(examples), "add an example of the new run-time option"
+    assert set(positional.runtime_option_names()) <= set(runtime_idents())
     return [word for words in examples.values() for word in words]
 
 
@@ -45,7 +48,9 @@ def test_dry_run_builds_the_model_with_every_run_time_option(word: str, capsys: 
     argv = [str(REPO / "configs/models/tiny.yml"), str(REPO / "configs/pe/rotary.yml"), word, "--dry-run"]
     assert training_cli.train_main(argv) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
-    assert "parameters: " in out and "# run-time   rope_scaling {rope_type: " in out
+    name, value = word.split("=", 1)
+    shown = value[: value.index(",")] if "," in value else value.rstrip("}")
+    assert "parameters: " in out and f"{name} {shown}" in out.split("# run-time   ")[1]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +70,7 @@ def read_recorded(folder: Path):
 
 def test_the_checkpoint_records_its_run_time_options(yarn_run: Path) -> None:
     recorded = read_recorded(yarn_run)
-    assert recorded is not None and recorded.options == {"rope_scaling": YARN}
+    assert recorded is not None and recorded.options == {"rope_scaling": YARN, "attention_window": None}
     assert recorded.finetuned_from is None and recorded.where.endswith("global_step2")
 
 
@@ -89,6 +94,34 @@ def test_a_resume_with_another_value_is_refused_in_one_line(parallel, corpus, ya
     message = str(refused.value)
     assert refused.value.key == "rope_scaling" and "\n" not in message
     assert "was trained with rope_scaling {rope_type: yarn" in message and "finetune=true" in message
+
+
+def test_an_attention_window_is_carried_like_the_scaling(parallel, corpus, tmp_path) -> None:  # noqa: F811
+    """The window a run trained with is a run-time option too: a resume takes it, another is refused."""
+    save = tmp_path / "windowed"
+    train(tiny_config(corpus, train_iters=2, lr_decay_iters=4, save=str(save), attention_window=8), parallel)
+    cfg = tiny_config(corpus, train_iters=4, lr_decay_iters=4, load=str(save), save=str(save))
+    trainer = Trainer(cfg.resolve_batch(1), parallel)
+    try:
+        assert trainer.iteration == 2 and cfg.attention.attention_window == 8
+    finally:
+        trainer.close()
+    other = tiny_config(corpus, train_iters=4, lr_decay_iters=4, load=str(save), save=str(save), attention_window=16)
+    with pytest.raises(ConfigError, match="was trained with attention_window 8, not 16"):
+        Trainer(other.resolve_batch(1), parallel)
+
+
+def test_the_spelled_out_absence_of_scaling_is_no_difference(parallel, corpus, tmp_path) -> None:  # noqa: F811
+    """A run trained without scaling resumes with ``{rope_type: default}``, which means the same."""
+    save = tmp_path / "plain"
+    train(tiny_config(corpus, pos_emb="rotary", train_iters=2, lr_decay_iters=4, save=str(save)), parallel)
+    cfg = tiny_config(corpus, pos_emb="rotary", train_iters=4, lr_decay_iters=4, load=str(save), save=str(save),
+                      rope_scaling={"rope_type": "default"})
+    trainer = Trainer(cfg.resolve_batch(1), parallel)
+    try:
+        assert trainer.iteration == 2
+    finally:
+        trainer.close()
 
 
 def test_a_fine_tune_keeps_its_own_options_and_a_rerun_continues_it(parallel, corpus, yarn_run, tmp_path) -> None:  # noqa: F811
