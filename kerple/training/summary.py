@@ -67,9 +67,8 @@ def run_time_lines(cfg: Any, notes: list[str]) -> list[str]:
     """``run-time`` lines: each run-time option the embedding takes, its value and source; then ``notes``."""
     from kerple.checkpoint.runtime_options import runtime_summary
 
-    summary = runtime_summary(cfg)
-    lines = [f"  run-time   {summary}"] if summary else []
-    return lines + [f"             {note}" for note in notes]
+    lines = [line for line in (runtime_summary(cfg), *notes) if line]
+    return [f"  {'run-time' if index == 0 else '':<8}   {line}" for index, line in enumerate(lines)]
 
 
 def startup_summary(cfg: Any, *, parameters: int, parallel: Any, start_iteration: int, resumed_from: str | None,
