@@ -150,7 +150,7 @@ def use_recorded(cfg: Any, recorded: Recorded | None, *, mode: str) -> list[str]
                 f"go on with the checkpoint's, or train its weights on with {show(configured)} as a new run "
                 "(finetune=true and an empty save folder)", file=source, key=written)
         else:
-            notes.append(f"{name}: {recorded.where} was trained with {show(value)}")
+            notes.append(f"{name} {show(configured)} here: {recorded.where} was trained with {show(value)}")
     return notes
 
 

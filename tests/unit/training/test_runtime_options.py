@@ -152,7 +152,7 @@ def test_the_banner_shows_the_active_options(parallel, corpus, yarn_run, capsys)
     out = capsys.readouterr().out
     assert "(finetune: its weights only; step count, optimizer and schedule start over)" in out
     assert "run-time   rope_scaling none" in out
-    assert "rope_scaling: " in out and "was trained with {rope_type: yarn" in out
+    assert "rope_scaling none here: " in out and "was trained with {rope_type: yarn" in out
 
 
 def test_evaluation_takes_the_recorded_option_or_the_one_it_is_given(corpus, yarn_run, capsys) -> None:  # noqa: F811
