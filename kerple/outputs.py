@@ -52,12 +52,13 @@ def check_output_file(path: str | os.PathLike[str], what: str, inputs: Iterable[
     """Refuse a file output ``path`` that is a folder, lies under a file, cannot be written, is
     one of ``inputs`` (the command's input files, e.g. its YAML configs, or its other outputs:
     writing would replace one), or lies inside one of ``folders`` (checkpoints the command reads:
-    a result written there could replace ``latest`` or a weight file)."""
+    a result written there could replace ``latest`` or a weight file; a folder without one is left
+    to the command's own "no checkpoint" message)."""
     target = Path(path)
     if target.is_dir():
         raise UsageError(f"{what} {target} is a folder; name a file")
     for folder in map(Path, folders):
-        if folder.is_dir() and target.resolve().is_relative_to(folder.resolve()):
+        if target.resolve().is_relative_to(folder.resolve()) and _holds_checkpoint(folder):
             raise UsageError(f"{what} {target} is inside {folder}, the checkpoint this command reads; "
                              "write results outside checkpoint folders")
     for source in map(Path, inputs):
@@ -67,3 +68,15 @@ def check_output_file(path: str | os.PathLike[str], what: str, inputs: Iterable[
             raise UsageError(f"{what} {target} is also read or written by this command{also}; writing it would "
                              "replace that file: choose another path")
     _check_can_create_in(_existing_folder(target.parent, target, what), target, what)
+
+
+def _holds_checkpoint(folder: Path) -> bool:
+    """Whether ``folder`` holds a checkpoint (a ``latest`` tag, tag folders, weight files) or a Hugging
+    Face export; ``find_checkpoint``'s refusals count as holding one (their files are there)."""
+    from kerple.checkpoint.errors import CheckpointError
+    from kerple.checkpoint.files import find_checkpoint
+
+    try:
+        return (folder / "model.safetensors").is_file() or find_checkpoint(folder) is not None
+    except CheckpointError:
+        return True

@@ -108,16 +108,16 @@ def checkpoint_folder(cfg: Any | None, load: str | None = None) -> str:
 
 def load_weights(model: nn.Module, folder: str | Path, iteration: int | None, cfg: Any, *, trust: bool = False) -> int:
     """Load a checkpoint folder or a Hugging Face export into ``model`` after checking its
-    architecture against ``cfg``; returns the checkpoint's iteration (0 for an export)."""
+    architecture against ``cfg``; returns the checkpoint's iteration (an export's recorded one, else 0)."""
     from kerple.checkpoint import check_architecture, load_into_model, load_model_weights, state_architecture
 
     if is_huggingface_export(folder):
-        from kerple.checkpoint.huggingface import import_huggingface
+        from kerple.checkpoint.huggingface import exported_iteration, import_huggingface
 
         state, exported = import_huggingface(Path(folder))
         check_architecture(state_architecture(state, exported, exported.get("pos_emb")), cfg, folder)
         load_into_model(model, state, folder)
-        return 0
+        return exported_iteration(folder) or 0
     return load_model_weights(model, folder, iteration, cfg=cfg, trust=trust)
 
 
@@ -134,14 +134,23 @@ def load_run(
     """Build ``cfg``'s model (its family's builder) and load the run's weights into it.
 
     ``load`` defaults to the config's ``load``, then ``save``. The model is in eval mode on ``device``.
+    The run-time options the config does not set (``rope_scaling``) take the checkpoint's recorded
+    values first (:func:`kerple.checkpoint.runtime_options.use_recorded`); ``cfg`` then holds them.
     """
+    from kerple.checkpoint.runtime_options import USE, read_recorded, runtime_summary, use_recorded
     from kerple.model import build_model
 
     folder = checkpoint_folder(cfg, load)
+    recorded = read_recorded(folder, iteration, trust=trust)
+    notes = use_recorded(cfg, recorded, mode=USE)
+    if recorded is not None and recorded.finetuned_from:
+        notes.append(f"finetune: the weights are a fine-tune of {recorded.finetuned_from}")
     model = build_model(cfg, flex_compile=flex_compile)
     loaded = load_weights(model, folder, iteration, cfg, trust=trust)
     if not quiet:
         print(f"loaded {folder} at iteration {loaded}", file=sys.stderr)
+        for line in filter(None, [runtime_summary(cfg), *notes]):
+            print(f"run-time: {line}", file=sys.stderr)
     device = torch.device(device)
     return LoadedRun(model.to(device).eval(), folder, loaded, device)
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from kerple.checkpoint.errors import ArchitectureMismatchError
+from kerple.checkpoint.runtime_options import finetuned_from, runtime_args
 from kerple.model import families
 
 # The reference's ``args`` fields (docs/reference-format.md §6).
@@ -77,11 +78,19 @@ def _plain(value: Any) -> Any:
 
 
 def architecture_args(cfg: Any) -> dict[str, Any]:
-    """The ``args`` record of ``mp_rank_MM_model_states.pt`` for the config ``cfg``."""
+    """The ``args`` record of ``mp_rank_MM_model_states.pt`` for the config ``cfg`` (with the run-time
+    options among the positional ones, and ``finetuned_from``: :mod:`kerple.checkpoint.runtime_options`)."""
     args = {name: _plain(getattr(getattr(cfg, section), name)) for name, section in _RECORDED_ARGS}
     args.update({name: _plain(getattr(cfg.model, name)) for name in families.family_of(cfg).recorded_args})
     args["positional_options"] = {name: _plain(getattr(cfg.positional, name)) for name in positional_option_names()}
-    return args
+    args.update({name: _plain(value) for name, value in runtime_args(cfg).items()})
+    return with_origin(args, finetuned_from(cfg))
+
+
+def with_origin(args: dict[str, Any], origin: str | None) -> dict[str, Any]:
+    """``args`` with ``finetuned_from: origin`` when the run is a fine-tune (a record without the key
+    is a run trained from scratch, as every record written before the key was)."""
+    return {**args, "finetuned_from": origin} if origin else args
 
 
 def state_architecture(state: dict[str, torch.Tensor], recorded: dict[str, Any], pos_emb: str | None) -> dict[str, Any]:

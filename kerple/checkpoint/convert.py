@@ -28,9 +28,10 @@ from kerple.checkpoint.architecture import (
     positional_option_names,
 )
 from kerple.checkpoint.errors import CheckpointError
+from kerple.checkpoint.runtime_options import ATTENTION_OPTIONS
 from kerple.errors import UsageError, entry_point
 from kerple.outputs import check_output_folder
-from kerple.checkpoint.huggingface import describe_export, export_huggingface, import_huggingface
+from kerple.checkpoint.huggingface import describe_export, export_huggingface, exported_iteration, import_huggingface
 from kerple.checkpoint.neox_layout import NeoxAdapter
 from kerple.checkpoint.reference import read_checkpoint
 from kerple.checkpoint.writer import write_checkpoint
@@ -38,8 +39,8 @@ from kerple.model import families
 
 # Recorded fields carried into the config of a checkpoint converted without --config (the tokenizer
 # files too, so that a Hugging Face export takes them along where they still exist).
-_CONFIG_KEYS = (*model_options(), "layernorm_epsilon", *positional_option_names(), "seq_length", "tokenizer_type",
-                "vocab_file", "merge_file", "tokenizer_file")
+_CONFIG_KEYS = (*model_options(), "layernorm_epsilon", *positional_option_names(), *ATTENTION_OPTIONS, "seq_length",
+                "tokenizer_type", "vocab_file", "merge_file", "tokenizer_file")
 
 
 def config_from_checkpoint(ckpt: Any) -> dict[str, Any]:
@@ -129,29 +130,38 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag} {value}: expected an integer of at least {least}")
 
 
+def conversion_config(words: list[str], source_config: dict[str, Any]) -> Any:
+    """The config of a conversion: ``--config``'s YAML files and overrides when it names a file; else the
+    source's own config (:func:`config_from_checkpoint`, a Hugging Face folder's) with its overrides on top
+    (``--config 'rope_scaling={...}'`` exports a run with a run-time option it was not trained with)."""
+    from kerple.config import load_config, parse_overrides, split_arguments
+    from kerple.config.neox_keys import normalize_key
+
+    yamls, override_words = split_arguments(words)
+    overrides = parse_overrides(override_words)
+    if yamls:
+        return load_config(yamls, overrides)
+    spelled = {key if "." in key else normalize_key(key): value for key, value in overrides.items()}
+    return load_config([], {**source_config, **spelled})
+
+
 def convert(args: argparse.Namespace) -> Path:
     """Run one conversion; returns the written directory."""
-    from kerple.config import load_config, parse_overrides, split_arguments
-
     source = Path(args.source)
     check_arguments(args)
     if (source / "model.safetensors").is_file():
         model_state, source_config = import_huggingface(source)
-        iteration, ckpt = args.iteration or 0, None
+        exported = exported_iteration(source)  # the step of the run it was exported from; 0 from elsewhere
+        iteration, ckpt = args.iteration if args.iteration is not None else exported or 0, None
         adapter = NeoxAdapter.for_embedding(int(source_config["num_layers"]), str(source_config["pos_emb"]))
         state = adapter.to_reference(model_state)
     else:
         ckpt = read_checkpoint(source, args.iteration, trust=args.trust_checkpoint)
         state, iteration, model_state = ckpt.state_dict, ckpt.iteration, ckpt.model_state()
         source_config = config_from_checkpoint(ckpt)
-    yamls, override_words = split_arguments(args.config)
-    overrides = parse_overrides(override_words)
-    if yamls or overrides:
-        cfg = load_config(yamls, overrides)
-        if ckpt is not None:
-            check_architecture(checkpoint_architecture(ckpt), cfg, ckpt.path, model_parallel_size=ckpt.model_parallel_size)
-    else:
-        cfg = load_config([], source_config)
+    cfg = conversion_config(args.config, source_config)
+    if ckpt is not None and args.config:
+        check_architecture(checkpoint_architecture(ckpt), cfg, ckpt.path, model_parallel_size=ckpt.model_parallel_size)
     check_exportable(families.family_of(cfg), args.to, source)
     flat = cfg.to_dict()
     flat["padded_vocab_size"] = cfg.model.padded_vocab_size
@@ -162,7 +172,8 @@ def convert(args: argparse.Namespace) -> Path:
             data = cfg.data
             files = [f for f in (data.vocab_file, data.merge_file, data.tokenizer_file) if f and Path(f).is_file()]
         eos = 50256 if cfg.data.tokenizer_type == "GPT2BPETokenizer" and cfg.model.padded_vocab_size > 50256 else None
-        written = export_huggingface(model_state, flat, out, target=args.hf_target, tokenizer_files=files, eos_token_id=eos)
+        written = export_huggingface(model_state, flat, out, target=args.hf_target, tokenizer_files=files, eos_token_id=eos,
+                                     iteration=iteration)
         print(f"export: {describe_export(flat, args.hf_target)}", file=sys.stderr)
         return written
     flavor = "neox" if args.to == "neox" else "kerple"

@@ -137,8 +137,9 @@ def checkpoint_to_read(directory: str | os.PathLike[str], iteration: int | None 
     if found is not None:
         return found
     if not Path(directory).is_dir():
-        raise CheckpointError(f"checkpoint directory {directory} does not exist")
-    raise CheckpointError(f"{directory} has no '{LATEST_FILE}' file and no checkpoint files")
+        raise CheckpointError(f"checkpoint directory {directory} does not exist; name the save folder of a trained run")
+    raise CheckpointError(f"{directory} has no '{LATEST_FILE}' file and no checkpoint files: it holds no trained run; "
+                          "name the save folder of one (its 'latest' file and global_stepN/)")
 
 
 def prune_checkpoints(directory: str | os.PathLike[str], keep_last_n: int) -> list[int]:

@@ -63,10 +63,10 @@ def positional_description(config: dict[str, Any], state: dict[str, torch.Tensor
     try:
         module.load_state_dict(stored, strict=True)
         terms = module.export_terms()
+    except NotImplementedError as error:  # a RuntimeError too: caught first
+        raise CheckpointError(f"pos_emb {pos_emb!r} cannot be exported as KerpleForCausalLM: {error}") from None
     except RuntimeError as error:
         raise CheckpointError(f"the weights' positional tensors do not fit pos_emb {pos_emb!r}: {error}") from None
-    except NotImplementedError as error:
-        raise CheckpointError(f"pos_emb {pos_emb!r} cannot be exported to Hugging Face yet: {error}") from None
     trainable = {name for name, _ in module.named_parameters()}
     tensors = {name: {"shape": list(t.shape), "trainable": name in trainable} for name, t in module.state_dict().items()}
     return {**terms, "tensors": tensors}

@@ -38,7 +38,7 @@ import torch
 from kerple.checkpoint.errors import CheckpointError
 from kerple.checkpoint.hf_kerple import export_note, kerple_config, write_remote_code
 from kerple.checkpoint.neox_layout import positional_module_key
-from kerple.positional.rope_scaling import KERPLE_KEYS, NO_SCALING, rope_parameters
+from kerple.positional.rope_scaling import KERPLE_KEYS, NO_SCALING, rope_parameters, transformers_max_positions
 
 LAYER_KEYS: tuple[str, ...] = (
     "input_layernorm.weight",
@@ -198,7 +198,8 @@ def _hf_config(target: str, config: dict[str, Any], state: dict[str, torch.Tenso
         return kerple_config(config, state, common)
     rotary_pct = 0.0 if arch["pos_emb"] == "none" else arch["rotary_pct"]
     rope = rope_parameters(arch["rope_scaling"], rotary_pct=rotary_pct, base=arch["rotary_emb_base"])
-    scaling = {"rope_scaling": arch["rope_scaling"]} if arch["rope_scaling"] else {}  # the key transformers 4 reads
+    scaling = {key: value for key, value in rope.items() if key not in KERPLE_KEYS}
+    scaling = {"rope_scaling": scaling} if arch["rope_scaling"] else {}  # the key transformers 4 reads
     return {
         "architectures": ["GPTNeoXForCausalLM"],
         "model_type": "gpt_neox",
@@ -207,7 +208,8 @@ def _hf_config(target: str, config: dict[str, Any], state: dict[str, torch.Tenso
         "num_attention_heads": arch["num_attention_heads"],
         "intermediate_size": 4 * arch["hidden_size"],
         "hidden_act": "gelu",
-        "max_position_embeddings": arch["max_positions"],
+        # transformers reads it as the extended length for the types that name the original one
+        "max_position_embeddings": transformers_max_positions(arch["rope_scaling"], arch["max_positions"]),
         "layer_norm_eps": arch["layernorm_epsilon"],
         "use_parallel_residual": arch["gpt_j_residual"],
         "attention_bias": True,
@@ -264,14 +266,16 @@ def export_huggingface(
     target: str | None = None,
     tokenizer_files: Iterable[str | Path] = (),
     eos_token_id: int | None = None,
+    iteration: int | None = None,
 ) -> Path:
     """Write the model state dict ``state`` (a whole :class:`~kerple.model.GPTModel`'s names) as a
     Hugging Face folder at ``out_dir``.
 
     ``config`` is the flat kerple config (``Config.to_dict()`` plus ``padded_vocab_size``);
     ``target`` defaults to :func:`target_for`. ``eos_token_id`` (``bos_token_id`` too) defaults to
-    the tokenizer's end-of-document id. The folder is assembled under a temporary name and renamed
-    into place; an existing non-empty ``out_dir`` is refused.
+    the tokenizer's end-of-document id. ``iteration``, the training step of the weights, is recorded
+    (:func:`exported_iteration`). The folder is assembled under a temporary name and renamed into
+    place; an existing non-empty ``out_dir`` is refused.
     """
     from safetensors.torch import save_file
 
@@ -297,7 +301,7 @@ def export_huggingface(
         tensors = _neox_tensors(state, with_positional=target == "kerple")
     tensors = {name: t.detach().cpu().contiguous().clone() for name, t in tensors.items()}
     hf = _hf_config(target, config, state)
-    hf["kerple"] = {"format": EXPORT_FORMAT, "target": target, "config": config}
+    hf["kerple"] = {"format": EXPORT_FORMAT, "target": target, "config": config, "iteration": iteration}
     out.parent.mkdir(parents=True, exist_ok=True)
     temporary = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-"))
     try:
@@ -378,6 +382,19 @@ def _config_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def exported_config(folder: str | Path) -> dict[str, Any]:
+    """The flat kerple config of a Hugging Face folder: the exporting run's (an export made here), or
+    one read from the standard fields (a stock GPTNeoX / GPT-2 folder)."""
+    hf = json.loads((Path(folder) / "config.json").read_text())
+    return dict((hf.get("kerple") or {}).get("config") or _config_from_hf(hf))
+
+
+def exported_iteration(folder: str | Path) -> int | None:
+    """The training step of the weights of a folder exported here (``None``: not recorded, or from elsewhere)."""
+    step = (json.loads((Path(folder) / "config.json").read_text()).get("kerple") or {}).get("iteration")
+    return int(step) if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+
+
 def import_huggingface(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Read a Hugging Face folder (exported here, or a stock GPTNeoX / GPT-2 one).
 
@@ -392,8 +409,7 @@ def import_huggingface(folder: str | Path) -> tuple[dict[str, torch.Tensor], dic
             raise CheckpointError(f"{folder} has no {required}; not a Hugging Face export")
     hf = json.loads((folder / "config.json").read_text())
     tensors = load_file(str(folder / "model.safetensors"))
-    info = hf.get("kerple") or {}
-    config = dict(info.get("config") or _config_from_hf(hf))
+    config = exported_config(folder)
     config.pop("padded_vocab_size", None)  # derived; recomputed by load_config
     if hf.get("model_type") == "gpt2":
         return _from_gpt2(tensors, int(hf["n_head"])), config

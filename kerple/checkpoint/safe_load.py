@@ -19,6 +19,7 @@ import os
 import pathlib
 import pickle
 import re
+import zipfile
 from typing import Any
 
 import torch
@@ -124,15 +125,17 @@ def scan_unsafe_globals(path: os.PathLike[str] | str) -> list[str] | None:
     return [name for name in names if name not in allowed]
 
 
-def safe_torch_load(path: os.PathLike[str] | str, trust: bool = False, map_location: Any = "cpu") -> Any:
+def safe_torch_load(path: os.PathLike[str] | str, trust: bool = False, map_location: Any = "cpu", mmap: bool = False) -> Any:
     """``torch.load`` that never executes code from the file unless ``trust`` is set.
 
     Safe mode scans the file's globals first and raises :class:`UnsafeCheckpointError` naming each
     one outside the allowlist (and the ``--trust-checkpoint`` flag); otherwise it loads with
     ``weights_only=True`` under :func:`allowed_globals`. ``trust=True`` uses ``weights_only=False``
-    (arbitrary code execution: only for files from a trusted source).
+    (arbitrary code execution: only for files from a trusted source). ``mmap`` maps the tensors of a
+    zip-format file instead of reading them (a record read for its ``args`` beside an optimizer state).
     """
     path = pathlib.Path(path)
+    mmap = mmap and zipfile.is_zipfile(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint file {path} does not exist; the checkpoint is incomplete or the path is wrong")
     try:
@@ -144,7 +147,7 @@ def safe_torch_load(path: os.PathLike[str] | str, trust: bool = False, map_locat
     # the file can be opened: what torch.load fails on now is its content (a cut-off zip reads as EINVAL)
     if trust:
         try:
-            return torch.load(path, map_location=map_location, weights_only=False)
+            return torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
         except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as err:
             raise _corrupt(path, _reason(err)) from None
     offending = scan_unsafe_globals(path)
@@ -154,7 +157,7 @@ def safe_torch_load(path: os.PathLike[str] | str, trust: bool = False, map_locat
     allowlist = allowed_globals() + _optional_globals(names)
     try:
         with torch.serialization.safe_globals(allowlist):
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         message = str(err)
         refused = re.findall(r"GLOBAL ([\w.]+)", message) + re.findall(r"Unsupported global: ([\w.]+)", message)

@@ -84,7 +84,9 @@ def load_split_documents(cfg: Any, split: str) -> list[np.ndarray]:
     else:
         prefix = data.data_path[0] if isinstance(data.data_path, (list, tuple)) else data.data_path
         if not prefix:
-            raise EvaluationError("the config sets no data_path to evaluate on")
+            raise EvaluationError(f"the config sets no data_path (nor {split}_data_paths) to evaluate on: add "
+                                  f"{split}_data_paths=[PREFIX] or data_path=PREFIX, or name the run's YAML configs "
+                                  "with a data one (e.g. configs/data/stdlib.yml)")
         indexed = MMapIndexedDataset(prefix)
         bounds = split_boundaries(str(data.split or "969,30,1"), len(indexed))
         position = SPLITS.index(split)

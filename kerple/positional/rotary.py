@@ -88,14 +88,17 @@ class RotaryEmbedding(PositionalEmbedding):
 
     @classmethod
     def options_problem(cls, options: dict[str, Any], *, head_dim: int, max_positions: int) -> tuple[str, str] | None:
-        """``rope_scaling`` checked against this shape (``transformers``' validator among others)."""
+        """The rotated width against this shape, then ``rope_scaling`` (the rules of ``transformers``' validator)."""
+        defaults = cls.options_class()
+        rotary_pct = float(_given(options, "rotary_pct", defaults.rotary_pct))
+        width = rotary_width_problem(head_dim, rotary_pct)
+        if width is not None:
+            return "rotary_pct", width
         rope_scaling = options.get("rope_scaling")
         if rope_scaling is None:
             return None
-        defaults = cls.options_class()
         problem = rope_scaling_problem(
-            rope_scaling, head_dim=head_dim, max_positions=max_positions,
-            rotary_pct=float(_given(options, "rotary_pct", defaults.rotary_pct)),
+            rope_scaling, head_dim=head_dim, max_positions=max_positions, rotary_pct=rotary_pct,
             base=float(_given(options, "rotary_emb_base", defaults.rotary_emb_base)),
         )
         return None if problem is None else ("rope_scaling", problem)
@@ -139,6 +142,29 @@ class RotaryEmbedding(PositionalEmbedding):
         return {"query_key": {"form": "rotary", "inv_freq": {"tensor": "inv_freq"}}}
 
 
+def rotary_width_problem(head_dim: int, rotary_pct: float) -> str | None:
+    """Why ``int(head_dim * rotary_pct)`` channels cannot be rotated in pairs (odd, or under 2), with
+    the settings that would fix it; ``None`` when they can."""
+    width = int(head_dim * rotary_pct)
+    if width >= 2 and width % 2 == 0:
+        return None
+    even = next((n for n in range(min(width, head_dim), 1, -1) if n % 2 == 0), None)
+    fixes = [] if even is None else [f"a rotary_pct giving an even width (e.g. {_pct_for(even, head_dim)}: {even} channels)"]
+    if even is None and head_dim >= 2:
+        fixes.append(f"rotary_pct to at least {_pct_for(2, head_dim)}")
+    if head_dim % 2:
+        fixes.append("hidden_size / num_attention_heads even")
+    return (f"rotates int(head_dim x rotary_pct) = int({head_dim} x {rotary_pct}) = {width} channels of each head "
+            f"(head_dim = hidden_size / num_attention_heads); rotary needs an even number, at least 2: set "
+            f"{' or '.join(fixes)}")
+
+
+def _pct_for(width: int, head_dim: int) -> str:
+    """A short ``rotary_pct`` that rotates exactly ``width`` of ``head_dim`` channels."""
+    short = f"{width / head_dim:.4g}"
+    return short if int(head_dim * float(short)) == width else f"{(width + 0.5) / head_dim:.4g}"
+
+
 def _given(options: dict[str, Any], name: str, default: Any) -> Any:
     value = options.get(name)
     return default if value is None else value
@@ -156,9 +182,16 @@ def scaled_frequencies(options: RotaryOptions, *, head_dim: int, max_positions: 
 
 
 def refuse_rope_scaling(module: RotaryEmbedding) -> None:
-    """``KerpleForCausalLM``'s query/key forms take fixed frequencies; a scaled model exports as stock GPTNeoX."""
-    if module.rope_frequencies is not None:
+    """``KerpleForCausalLM``'s query/key forms take fixed frequencies: a scaled rotary model exports as
+    stock GPTNeoX, a scaled xPos model only without its scaling (a run-time option: the weights are the same)."""
+    if module.rope_frequencies is None:
+        return
+    if type(module) is RotaryEmbedding:
         raise NotImplementedError(
-            "KerpleForCausalLM does not carry rope_scaling; a rotary model with rope_scaling exports as stock "
-            "GPTNeoXForCausalLM (--hf-target gpt_neox), whose config holds it"
+            "its rotary form takes fixed frequencies, not rope_scaling; a rotary model with rope_scaling exports as "
+            "stock GPTNeoXForCausalLM, whose config holds it: leave out --hf-target kerple (or give --hf-target gpt_neox)"
         )
+    raise NotImplementedError(
+        "its query/key forms take fixed frequencies, not rope_scaling, and no stock class computes them; export the "
+        "weights without the scaling (--config 'rope_scaling=null'): it is a run-time option, the weights are the same"
+    )

@@ -48,20 +48,24 @@ def planned_world_size(cfg: Any, num_gpus: int | None = None) -> int:
 
 
 def dry_run_report(cfg: Any) -> str:
-    """The resolved config as YAML plus the parameter count (model built on the meta device)."""
+    """The resolved config as YAML (with the run-time options a resume takes from its checkpoint),
+    the run-time options, and the parameter count (model built on the meta device)."""
     import torch
     import yaml
 
     from kerple.model import build_model
-    from kerple.training.summary import format_count
+    from kerple.training.resume import prepare_resume
+    from kerple.training.summary import format_count, run_time_lines
 
+    runtime = prepare_resume(cfg)  # a resume's recorded run-time options, as the run would take them
     with torch.device("meta"):
         model = build_model(cfg, flex_compile=False)
     count = sum(p.numel() for p in model.parameters())
     resolved = yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=False)
     derived = yaml.safe_dump(cfg.derived(), sort_keys=False, default_flow_style=False)
+    run_time = "".join(f"#{line[1:]}\n" for line in run_time_lines(cfg, runtime.notes))
     return (
-        f"# resolved config\n{resolved}\n# derived\n{derived}\n"
+        f"# resolved config\n{resolved}\n# derived\n{derived}\n{run_time}"
         f"parameters: {count} ({format_count(count)})\n"
     )
 

@@ -19,9 +19,65 @@ from typing import Any
 from torch import nn
 
 from kerple.checkpoint import RunState, find_checkpoint, load_model_weights, restore_rng
-from kerple.checkpoint.errors import ArchitectureMismatchError
+from kerple.checkpoint.errors import ArchitectureMismatchError, CheckpointError
+from kerple.checkpoint.runtime_options import NEW_RUN, RESUME, Recorded, finetuned_from, read_recorded, use_recorded
 from kerple.checkpoint.run_state import read_optimizer_shards, read_run_state
 from kerple.training.errors import TrainingError
+
+
+@dataclass
+class RunTimeOptions:
+    """What :func:`prepare_resume` settled: lines for the banner, and the run this one's weights
+    came from as a fine-tune (recorded in every checkpoint it writes)."""
+
+    notes: list[str]
+    finetuned_from: str | None
+
+
+def prepare_resume(cfg: Any, *, trust: bool = False) -> RunTimeOptions:
+    """Before the model is built, settle the run-time options (:mod:`kerple.checkpoint.runtime_options`)
+    with the checkpoint in ``load``: a resume takes the recorded ones the config does not set and
+    refuses different ones; a fine-tune (a new run) keeps the config's and notes the difference.
+
+    Re-running a fine-tune's command (``finetune``, ``load`` the base run, ``save`` a folder that
+    already holds this fine-tune's checkpoints) continues the fine-tune from ``save`` instead of
+    starting it over and overwriting them; a ``save`` holding any other run is refused.
+    """
+    ck = cfg.checkpointing
+    if not ck.load:
+        return RunTimeOptions([], None)
+    if not ck.finetune:
+        recorded = _recorded(ck.load, trust)
+        return RunTimeOptions(use_recorded(cfg, recorded, mode=RESUME), recorded and recorded.finetuned_from)
+    origin = finetuned_from(cfg)
+    if ck.save and Path(ck.save).resolve() != Path(ck.load).resolve() and _holds_checkpoint(ck.save):
+        recorded = _recorded(ck.save, trust)
+        if recorded is None or recorded.finetuned_from != origin:
+            what = (f"recorded as a fine-tune of {recorded.finetuned_from}" if recorded and recorded.finetuned_from
+                    else "not recorded as a fine-tune")
+            raise TrainingError(
+                f"save: {ck.save} ({cfg.source('save')}) already holds {find_checkpoint(ck.save)} ({what}), not a "
+                f"fine-tune of load: {ck.load}. To continue that run, set load={ck.save} and remove finetune; to "
+                "fine-tune anew, choose an empty save folder"
+            )
+        notes = use_recorded(cfg, recorded, mode=RESUME)
+        ck.load, ck.finetune = ck.save, False  # the fine-tune in progress: its step count, optimizer, schedule
+        return RunTimeOptions([f"continuing the fine-tune of {origin} that {recorded.where} holds", *notes], origin)
+    return RunTimeOptions(use_recorded(cfg, _recorded(ck.load, trust), mode=NEW_RUN), origin)
+
+
+def _holds_checkpoint(folder: str) -> bool:
+    try:
+        return find_checkpoint(folder) is not None
+    except CheckpointError:
+        return False  # load_weights reports it where it matters
+
+
+def _recorded(folder: str, trust: bool) -> Recorded | None:
+    try:
+        return read_recorded(folder, trust=trust)
+    except CheckpointError:
+        return None  # load_weights reads the same files and reports what is wrong
 
 
 @dataclass

@@ -31,13 +31,14 @@ from kerple.config.errors import ConfigError
 DECAY_STYLES = ("linear", "cosine", "exponential", "constant")
 
 _CHECKED = (
-    ("start_lr", "lr"),
-    ("min_lr", "min_lr"),
-    ("warmup_iter", "warmup_iters"),
-    ("end_iter", "decay_iters"),
-    ("decay_style", "style"),
+    ("start_lr", "lr", "lr"),
+    ("min_lr", "min_lr", "min_lr"),
+    ("end_iter", "decay_iters", "lr_decay_iters"),
+    ("warmup_iter", "warmup_iters", "warmup"),
+    ("decay_style", "style", "lr_decay_style"),
 )
-"""Schedule values a checkpoint holds (its key, this class's attribute), in the reference's order."""
+"""Schedule values a checkpoint holds (its key, this class's attribute, the config key that sets it),
+in the reference's order but for the warm-up, a fraction of the decay length: compared after it."""
 
 
 def annealing_lr(
@@ -60,6 +61,10 @@ def annealing_lr(
     else:
         rate = lr
     return max(rate, min_lr)
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
 
 
 class AnnealingLR:
@@ -137,6 +142,20 @@ class AnnealingLR:
             "min_lr": self.min_lr,
         }
 
+    def _differences(self, state: dict[str, Any]) -> list[tuple[str, str]]:
+        """``(config key, "key: checkpoint A, config B")`` for every schedule value the config sets otherwise, by its config
+        key; the warm-up as the fraction of the decay length that ``warmup`` is (a new decay length
+        alone changes its step count, not the setting)."""
+        differences = []
+        for saved_key, attribute, key in _CHECKED:
+            saved, configured = state[saved_key], getattr(self, attribute)
+            if saved_key == "warmup_iter":
+                saved, configured = saved / max(int(state["end_iter"]), 1), configured / max(self.decay_iters, 1)
+            if saved != configured and not (isinstance(saved, float) and math.isclose(saved, configured)):
+                unset = " (train_iters when lr_decay_iters is unset)" if key == "lr_decay_iters" else ""
+                differences.append((key, f"{key}: checkpoint {_shown(saved)}, config {_shown(configured)}{unset}"))
+        return differences
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the position in the schedule and, as the options say, its values.
 
@@ -146,14 +165,15 @@ class AnnealingLR:
         reference's default) they must be equal, else :class:`ConfigError`.
         """
         if not self.override_lr_scheduler:
-            for saved_key, attribute in _CHECKED:
-                configured, saved = getattr(self, attribute), state[saved_key]
-                if not self.use_checkpoint_lr_scheduler and configured != saved:
-                    raise ConfigError(
-                        f"the checkpoint's {saved_key} is {saved!r} but the config gives {configured!r}; set "
-                        "use_checkpoint_lr_scheduler: true to continue the checkpoint's schedule, or "
-                        "override_lr_scheduler: true to use the configured one",
-                        key="use_checkpoint_lr_scheduler",
-                    )
-                setattr(self, attribute, type(configured)(saved))
+            differences = self._differences(state)
+            if differences and not self.use_checkpoint_lr_scheduler:
+                keys = tuple(key for key, _ in differences)
+                raise ConfigError(
+                    f"the checkpoint's schedule differs from the config's: {'; '.join(text for _, text in differences)}. "
+                    "Set use_checkpoint_lr_scheduler: true to continue the checkpoint's schedule, or "
+                    "override_lr_scheduler: true to use the configured one",
+                    key=keys if len(keys) > 1 else keys[0],
+                )
+            for saved_key, attribute, _ in _CHECKED:
+                setattr(self, attribute, type(getattr(self, attribute))(state[saved_key]))
         self.step(int(state["num_iters"]))

@@ -63,10 +63,19 @@ def schedule_line(cfg: Any, scheduler: Any | None = None, start_iteration: int =
     return line
 
 
+def run_time_lines(cfg: Any, notes: list[str]) -> list[str]:
+    """``run-time`` lines: each run-time option the embedding takes, its value and source; then ``notes``."""
+    from kerple.checkpoint.runtime_options import runtime_summary
+
+    lines = [line for line in (runtime_summary(cfg), *notes) if line]
+    return [f"  {'run-time' if index == 0 else '':<8}   {line}" for index, line in enumerate(lines)]
+
+
 def startup_summary(cfg: Any, *, parameters: int, parallel: Any, start_iteration: int, resumed_from: str | None,
-                    scheduler: Any | None = None) -> str:
+                    scheduler: Any | None = None, notes: list[str] | None = None) -> str:
     """Model size, tokens per step, precision, parallel layout, data, and where outputs go; the
-    schedule as ``scheduler`` holds it after a resume (:func:`schedule_line`)."""
+    schedule as ``scheduler`` holds it after a resume (:func:`schedule_line`); the run-time options
+    and where they come from, with ``notes`` on how they relate to the checkpoint loaded."""
     model, training, ck, logging = cfg.model, cfg.training, cfg.checkpointing, cfg.logging
     dp = parallel.data_parallel_size
     micro, accum = int(training.micro_batch_size), int(training.gradient_accumulation_steps)
@@ -91,7 +100,9 @@ def startup_summary(cfg: Any, *, parameters: int, parallel: Any, start_iteration
         f"eval every {training.eval_interval} steps x {training.eval_iters} batches",
         f"  save       {ck.save or '(not saving)'} every {ck.save_interval} steps"
         + (f", keep last {ck.keep_last_n_checkpoints}" if ck.keep_last_n_checkpoints else ""),
-        f"  load       {resumed_from or ck.load or '(fresh start)'}",
+        f"  load       {resumed_from or ck.load or '(fresh start)'}"
+        + (" (finetune: its weights only; step count, optimizer and schedule start over)" if ck.finetune else ""),
+        *run_time_lines(cfg, notes or []),
         f"  logs       {logging.log_dir or '(console only)'}"
         + (f", tensorboard {logging.tensorboard_dir}" if logging.tensorboard_dir else "")
         + (f", wandb project {logging.wandb_project}" if logging.use_wandb else ""),

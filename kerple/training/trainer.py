@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from kerple.checkpoint import RunState, architecture_args, capture_rng, save_checkpoint, tag_for
+from kerple.checkpoint.architecture import with_origin
 from kerple.checkpoint.run_state import deepspeed_version
 from kerple.model import maybe_compile
 from kerple.model.decoder import compile_flex_kernels
@@ -39,9 +40,10 @@ from kerple.training.batches import build_feeds
 from kerple.training.engine import build_rank_model, build_stages, gathered, initialize_engine
 from kerple.training.errors import TrainingDivergedError, TrainingError
 from kerple.training.lock import SaveLock
+from kerple.training.memory import check_training_memory
 from kerple.training.monitor import Monitor, progress_line
 from kerple.training.optimizer import build_optimizer
-from kerple.training.resume import load_weights, restore_run_state
+from kerple.training.resume import load_weights, prepare_resume, restore_run_state
 from kerple.training.schedule import AnnealingLR
 from kerple.training.summary import already_finished, parameter_count, startup_summary
 
@@ -87,8 +89,11 @@ class Trainer:
         self.skipped_steps = 0
         self._stop_signal: int | None = None
 
+        check_training_memory(cfg, parallel)  # a micro-batch that cannot fit is refused, not killed at step 1
         self._seed(int(cfg.training.seed))
         self.train_feed, self.valid_feed = build_feeds(cfg, parallel)
+        runtime = prepare_resume(cfg, trust=trust_checkpoint)  # the run-time options the model is built with
+        self.finetuned_from = runtime.finetuned_from
         self.model = build_rank_model(cfg, parallel)
         resumed = load_weights(self.model, cfg, parallel, trust=trust_checkpoint)
         self.resumed_from = None if resumed is None else resumed.directory
@@ -127,6 +132,7 @@ class Trainer:
                 start_iteration=self.iteration,
                 resumed_from=str(resumed.directory) if resumed is not None else None,
                 scheduler=self.scheduler,
+                notes=runtime.notes,
             )
         )
 
@@ -249,7 +255,7 @@ class Trainer:
             return None
         run_state = RunState(
             iteration=self.iteration,
-            args=architecture_args(self.cfg),
+            args=with_origin(architecture_args(self.cfg), self.finetuned_from),
             consumed_train_samples=self.consumed_train_samples,
             skipped_steps=self.skipped_steps,
             seed=int(self.cfg.training.seed),

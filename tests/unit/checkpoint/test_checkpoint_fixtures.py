@@ -5,7 +5,7 @@ writers of the commit that added them (``make_fixtures.py`` there). For the same
 writers must produce the same files: every layer file with the same keys and tensors, every
 ``mp_rank`` record with the same keys and values (``args`` included; ``args.positional_options``
 may also hold options declared since, at their defaults, which is what a record without them
-means). And the old files must load into today's model with the same logits, bit for bit.
+means, and ``args`` the run-time options recorded since, at the fixtures' runs' values). And the old files must load into today's model with the same logits, bit for bit.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from kerple.model import build_model
 from kerple.parallel.groups import ParallelState
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "checkpoints"
+ADDED_ARGS = {"attention_window": None}
+"""``args`` keys a record holds since the fixtures were written, with the fixtures' runs' values."""
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 CASES: dict[str, dict[str, Any]] = MANIFEST["cases"]
 TRAINER = sorted(name for name, case in CASES.items() if case["writer"] == "trainer")
@@ -73,6 +75,10 @@ def _assert_same(ours: Any, theirs: Any, where: str) -> None:
             defaults = {spec.name: spec.default for spec in positional.option_specs()}
             added = {key: value for key, value in ours.items() if key not in theirs}
             assert added == {key: defaults.get(key, object()) for key in added}, (where, added)
+            ours = {key: value for key, value in ours.items() if key in theirs}
+        if where.endswith("['args']"):  # run-time options recorded since the fixture: those of its run
+            added = {key: value for key, value in ours.items() if key not in theirs}
+            assert added == {key: ADDED_ARGS.get(key, object()) for key in added}, (where, added)
             ours = {key: value for key, value in ours.items() if key in theirs}
         assert isinstance(ours, dict) and set(ours) == set(theirs), (where, sorted(map(str, ours)), sorted(map(str, theirs)))
         for key in theirs:

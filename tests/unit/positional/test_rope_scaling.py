@@ -69,6 +69,49 @@ def test_cos_and_sin_are_transformers_own(rope_type: str, rotary_pct: float) -> 
             assert ours.frequencies(length)[1] == theirs.attention_scaling
 
 
+VALID_EDGES = [
+    {"rope_type": "llama3", "factor": 1, "original_max_position_embeddings": 32, "low_freq_factor": 1, "high_freq_factor": 4},
+    {"rope_type": "llama3", "factor": 2.5, "original_max_position_embeddings": 32, "low_freq_factor": 1, "high_freq_factor": 4},
+    {"rope_type": "yarn", "factor": 3, "original_max_position_embeddings": 100, "attention_factor": 1},
+    {"rope_type": "yarn", "factor": 1.3, "original_max_position_embeddings": 7, "beta_fast": 4, "beta_slow": 4},
+    {"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": 16, "mscale": 1, "mscale_all_dim": 0.5,
+     "truncate": False},
+    {"rope_type": "longrope", "factor": 1, "original_max_position_embeddings": 8, "short_factor": [1] * 8,
+     "long_factor": [2] * 8, "attention_factor": 1},
+]
+
+
+@pytest.mark.parametrize("rope_scaling", [example(name, 1.0) for name in rope_types()] + VALID_EDGES)
+def test_what_kerple_accepts_transformers_validates_without_a_word(rope_scaling: dict) -> None:
+    """kerple states transformers' rules itself (no log parsing): every value it accepts builds a stock
+    ``GPTNeoXConfig`` (kerple's, and the export's ``config.json``) on which ``validate_rope`` logs nothing."""
+    import json
+    import logging
+
+    from kerple.checkpoint.huggingface import _hf_config
+    from transformers.utils import logging as hf_logging
+
+    cfg = load_config([], {"pos_emb": "rotary", "hidden_size": 32, "num_attention_heads": 2, "num_layers": 1,
+                           "vocab_size": 64, "make_vocab_size_divisible_by": 8, "seq_length": TRAIN_LENGTH,
+                           "rope_scaling": rope_scaling})
+    state = build_model(cfg, flex_compile=False).state_dict()
+    exported = _hf_config("gpt_neox", {**cfg.to_dict(), "padded_vocab_size": 64}, state)
+    messages: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    rope_logger = logging.getLogger("transformers.modeling_rope_utils")
+    rope_logger.addHandler(handler)
+    hf_logging.warning_once.cache_clear()  # a note once per process must show here too
+    try:
+        kerple_frequencies = kerple_rotary(rope_scaling, 1.0).rope_frequencies
+        if kerple_frequencies is not None:
+            kerple_frequencies.config.validate_rope()
+        transformers.GPTNeoXConfig(**json.loads(json.dumps(exported))).validate_rope()
+    finally:
+        rope_logger.removeHandler(handler)
+    assert messages == []
+
+
 def test_every_rope_type_of_transformers_is_accepted() -> None:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -134,16 +177,42 @@ def test_the_stored_frequencies_stay_the_base_ones() -> None:
         ({"rope_type": "yam", "factor": 4}, "rope_scaling needs rope_type: one of default, linear, dynamic, yarn"),
         ({"factor": 4}, "got no rope_type"),
         ({"rope_type": "linear"}, "rope_scaling with rope_type 'linear' needs factor"),
-        ({"rope_type": "linear", "factor": 0.5}, "rope_scaling.factor must be a float or int >= 1, got 0.5"),
+        ({"rope_type": "linear", "factor": 0.5}, "rope_scaling.factor must be at least 1 (1: no extension), got 0.5"),
         ({"rope_type": "linear", "factor": "4x"}, "rope_scaling.factor must be a number, got '4x'"),
         ({"rope_type": "linear", "factor": 4, "beta_fast": 8}, "rope_type 'linear' takes no beta_fast"),
         ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 32.5},
          "rope_scaling.original_max_position_embeddings must be an integer, got 32.5"),
         ({"rope_type": "linear", "factor": 4, "rope_theta": 500.0}, "rope_scaling.rope_theta is kerple's rotary_emb_base"),
         ({"rope_type": "longrope", "factor": 4, "original_max_position_embeddings": 32, "short_factor": [1.0],
-          "long_factor": [1.0] * 8}, "rope_scaling.short_factor must have length 8, got 1"),
+          "long_factor": [1.0] * 8}, "rope_scaling.short_factor must have length 8 (one per rotary frequency"),
         ({"rope_type": "llama3", "factor": 4, "original_max_position_embeddings": 32, "low_freq_factor": 4,
-          "high_freq_factor": 1}, "high_freq_factor must be greater than low_freq_factor"),
+          "high_freq_factor": 1}, "rope_scaling.high_freq_factor (1) must be above low_freq_factor (4)"),
+        # values transformers' validator lets through, and its initialisers divide by or take the log of
+        ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 0},
+         "rope_scaling.original_max_position_embeddings must be at least 1 (the length trained at), got 0"),
+        ({"rope_type": "llama3", "factor": 4, "original_max_position_embeddings": -32, "low_freq_factor": 1,
+          "high_freq_factor": 4}, "rope_scaling.original_max_position_embeddings must be at least 1"),
+        ({"rope_type": "linear", "factor": math.inf}, "rope_scaling.factor must be finite, got inf"),
+        ({"rope_type": "dynamic", "factor": math.nan}, "rope_scaling.factor must be finite, got nan"),
+        ({"rope_type": "linear", "factor": 1e300}, "rope_scaling gives 8 of 8 rotary frequencies 0 or not finite"),
+        ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 32, "beta_slow": -1},
+         "rope_scaling.beta_slow must be above 0, got -1"),
+        ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 32, "beta_fast": 2, "beta_slow": 4},
+         "rope_scaling.beta_fast (2) must be at least beta_slow (4)"),
+        ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 32, "attention_factor": 0.0},
+         "rope_scaling.attention_factor must be above 0, got 0.0"),
+        ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 32, "mscale": 1, "mscale_all_dim": 0},
+         "rope_scaling.mscale_all_dim must be above 0, got 0"),
+        ({"rope_type": "llama3", "factor": 4, "original_max_position_embeddings": 32, "low_freq_factor": 0,
+          "high_freq_factor": 4}, "rope_scaling.low_freq_factor must be above 0, got 0"),
+        ({"rope_type": "longrope", "factor": 4, "original_max_position_embeddings": 32, "short_factor": [1.0] * 8,
+          "long_factor": [0.0] * 8}, "rope_scaling.long_factor must hold numbers above 0, got 0.0"),
+        ({"rope_type": "longrope", "factor": 4, "original_max_position_embeddings": 32, "short_factor": [1.0] * 8,
+          "long_factor": [1.0, math.inf] + [1.0] * 6}, "rope_scaling.long_factor must be finite"),
+        ({"rope_type": "longrope", "original_max_position_embeddings": 32, "short_factor": [1.0] * 8,
+          "long_factor": [1.0] * 8}, "rope_scaling with rope_type 'longrope' needs factor"),
+        ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 32, "truncate": "yes"},
+         "rope_scaling.truncate must be true or false, got 'yes'"),
     ],
 )
 def test_bad_parameters_are_refused_naming_the_key(rope_scaling: dict, message: str) -> None:
@@ -235,8 +304,26 @@ def test_the_export_carries_rope_scaling_and_imports_it_back(tmp_path) -> None:
     del hf["kerple"]
     (folder / "config.json").write_text(json.dumps(hf))
     assert import_huggingface(folder)[1]["rope_scaling"] == yarn
-    with pytest.raises(CheckpointError, match="KerpleForCausalLM does not carry rope_scaling"):
+    with pytest.raises(CheckpointError) as refused:
         export_huggingface(model.state_dict(), flat, tmp_path / "kerple", target="kerple")
+    assert "cannot be exported as KerpleForCausalLM: its rotary form takes fixed frequencies" in str(refused.value)
+    assert "leave out --hf-target kerple" in str(refused.value) and "do not fit" not in str(refused.value)
+
+
+def test_a_scaled_xpos_model_is_refused_with_the_way_to_export_it(tmp_path) -> None:
+    """xPos exports as KerpleForCausalLM only, whose forms take fixed frequencies: the refusal says to
+    export the weights without the run-time scaling (and never that the weights do not fit)."""
+    from kerple.checkpoint.errors import CheckpointError
+    from kerple.checkpoint.huggingface import export_huggingface
+
+    keys = {"pos_emb": "xpos", "hidden_size": 32, "num_attention_heads": 2, "num_layers": 2, "vocab_size": 64,
+            "make_vocab_size_divisible_by": 8, "seq_length": 8, "rope_scaling": example("linear", 1.0)}
+    cfg = load_config([], keys)
+    flat = {**cfg.to_dict(), "padded_vocab_size": cfg.model.padded_vocab_size}
+    with pytest.raises(CheckpointError) as refused:
+        export_huggingface(build_model(cfg, flex_compile=False).state_dict(), flat, tmp_path / "hf")
+    assert "export the weights without the scaling (--config 'rope_scaling=null')" in str(refused.value)
+    assert "do not fit" not in str(refused.value) and not (tmp_path / "hf").exists()
 
 
 def test_a_checkpoint_does_not_bind_the_scaling() -> None:

@@ -87,8 +87,22 @@ def test_resume_with_other_values_is_an_error_by_default() -> None:
     same.load_state_dict(saved_state())
     assert same.num_steps == 30
     other, _ = scheduler(lr=2e-3, warmup=0.1, decay_iters=100, style="cosine", override_lr_scheduler=False)
-    with pytest.raises(ConfigError, match="start_lr"):
+    with pytest.raises(ConfigError, match="lr: checkpoint 0.001, config 0.002"):
         other.load_state_dict(saved_state())
+
+
+def test_a_new_decay_length_is_named_and_the_warmup_it_rescales_is_not() -> None:
+    """A finished run continued with a longer train_iters: the decay length differs, and the warm-up's
+    step count with it, but the warm-up setting (a fraction) is the same and must not be blamed."""
+    longer, _ = scheduler(lr=1e-3, warmup=0.1, decay_iters=80, style="cosine", override_lr_scheduler=False)
+    with pytest.raises(ConfigError) as refused:
+        longer.load_state_dict(saved_state())
+    message = str(refused.value)
+    assert refused.value.key == "lr_decay_iters" and "warmup" not in message, message
+    assert "lr_decay_iters: checkpoint 50, config 80 (train_iters when lr_decay_iters is unset)" in message
+    other_warmup, _ = scheduler(lr=1e-3, warmup=0.2, decay_iters=50, style="cosine", override_lr_scheduler=False)
+    with pytest.raises(ConfigError, match="warmup: checkpoint 0.1, config 0.2"):
+        other_warmup.load_state_dict(saved_state())
 
 
 def test_use_checkpoint_takes_the_saved_schedule() -> None:
