@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from kerple.model.init import init_function
+from kerple.model.lm_loss import linear_cross_entropy
 from kerple.model.mlp import build_norm
 from kerple.model.transformer import TokenEmbedding
 from kerple.positional.base import PositionalEmbedding, parameter_statistics
@@ -125,9 +126,14 @@ class Decoder(nn.Module):
         if self.lm_head is not None:
             init_weight(self.lm_head.weight)
 
-    def forward(self, tokens: torch.Tensor, cache: Any = None) -> torch.Tensor:
-        """``tokens [b, s]`` -> logits ``[b, s, padded_vocab]``."""
-        return F.linear(self.hidden_states(tokens, cache), self.lm_head_weight)
+    def forward(self, tokens: torch.Tensor, cache: Any = None, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """``tokens [b, s]`` -> logits ``[b, s, padded_vocab]``; with ``labels [b, s]``, the mean cross
+        entropy instead (fp32 scalar, -100 ignored), from the LM head fused with the loss
+        (:func:`~kerple.model.lm_loss.linear_cross_entropy`: no full-length logits)."""
+        hidden = self.hidden_states(tokens, cache)  # [b, s, h]
+        if labels is not None:
+            return linear_cross_entropy(hidden, self.lm_head_weight, labels)
+        return F.linear(hidden, self.lm_head_weight)
 
     def chunked_loss(
         self, tokens: torch.Tensor, labels: torch.Tensor, chunk_size: int = 1024, ignore_index: int = -100
