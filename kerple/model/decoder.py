@@ -171,10 +171,16 @@ def maybe_compile(model: Decoder, cfg: Any) -> Decoder:
     Per-layer ``nn.Module.compile`` (as torchtitan does) keeps the parameter names and the
     ``state_dict`` keys unchanged (``torch.compile(model)`` would prefix them with ``_orig_mod.``),
     leaves the Python-side work of a forward (distance tables, KV cache, kernel choice) uncompiled,
-    and makes every layer reuse one compiled graph. Call it after moving the model to its device
-    and before building the optimizer or a DeepSpeed engine.
+    and makes every layer reuse one compiled graph: the layers differ only in their parameters,
+    which Dynamo takes as inputs, and in their integer ``layer_index``, which it is told to treat as
+    a symbol once it has seen two values (an embedding with per-layer parameters, CABLE, indexes
+    them by it; specialised, every layer would compile its own graph and past Dynamo's recompile
+    limit of 8 the rest would silently run uncompiled). No layer of any embedding breaks its graph
+    (tests/unit/model/test_compiled_layers.py). Call it after moving the model to its device and
+    before building the optimizer or a DeepSpeed engine.
     """
     if cfg.training.compile:
+        torch._dynamo.config.allow_unspec_int_on_nn_module = True
         for layer in model.layers:
             layer.compile()
     return model
