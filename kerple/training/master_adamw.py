@@ -104,7 +104,8 @@ class MasterAdamW(torch.optim.AdamW):
         if self.max_norm > 0.0:
             factor = (self.max_norm / (norm + 1e-6)).clamp(max=1.0)
             for same_kind in _by_device_and_dtype(grads):
-                torch._foreach_mul_(same_kind, factor.to(same_kind[0].device))
+                device = same_kind[0].device
+                torch._foreach_mul_(same_kind, factor if factor.device == device else factor.to(device))
         return norm
 
     def state_dict(self) -> dict[str, Any]:
@@ -155,6 +156,6 @@ def _sum_of_squares(tensors: list[torch.Tensor], device: torch.device) -> torch.
     """Σ‖t‖² over ``tensors``, a 0-dim fp32 tensor on ``device`` (one foreach norm per device and dtype)."""
     if not tensors:
         return torch.zeros((), dtype=torch.float32, device=device)
-    norms = [torch.stack(torch._foreach_norm(same_kind)).to(device, torch.float32)
-             for same_kind in _by_device_and_dtype(tensors)]
-    return torch.cat(norms).square().sum()
+    norms = [torch.stack(torch._foreach_norm(same_kind)) for same_kind in _by_device_and_dtype(tensors)]
+    norms = [n if (n.device, n.dtype) == (device, torch.float32) else n.to(device, torch.float32) for n in norms]
+    return (norms[0] if len(norms) == 1 else torch.cat(norms)).square().sum()
