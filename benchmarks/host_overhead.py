@@ -195,12 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1, help="profiled steps per case (default 1)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
     parser.add_argument("--top", type=int, default=0, help="also list the N most frequent ops per case")
-    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
-    args = parser.parse_args(argv)
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides (anywhere on the line)")
+    words = sys.argv[1:] if argv is None else list(argv)
+    overrides = [word for word in words if "=" in word and not word.startswith("-")]
+    args = parser.parse_args([word for word in words if word not in overrides])
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
     files = [args.model, *args.extra]
-    results = measure(files, parse_overrides(args.overrides), args.pe, args.micro_batch,
+    results = measure(files, parse_overrides(overrides + args.overrides), args.pe, args.micro_batch,
                       steps=args.steps, warmup=args.warmup)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     print(f"device: {device}; torch {torch.__version__}; {' + '.join(Path(f).name for f in files)}; "
