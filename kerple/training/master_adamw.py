@@ -68,6 +68,7 @@ class MasterAdamW(torch.optim.AdamW):
         self.max_norm = float(max_norm)
         self.group = model_parallel_group
         self._global_grad_norm: torch.Tensor | None = None
+        self._devices_checked = False
         with torch.no_grad():
             for parameter, _ in self.copies:
                 parameter.data = parameter.data.to(dtype)
@@ -75,12 +76,23 @@ class MasterAdamW(torch.optim.AdamW):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         """Gradients to the masters, clipping, the fused AdamW update, masters back to the model."""
+        if not self._devices_checked:
+            self._check_devices()
         self._gradients_to_masters()
         self._global_grad_norm = self._clip()
         loss = super().step(closure)
         for targets, sources in _same_kind_pairs(self.copies):
             torch._foreach_copy_(targets, sources)
         return loss
+
+    def _check_devices(self) -> None:
+        """Masters are made on their parameters' device: a model moved after this optimizer was built
+        would have its update computed elsewhere, so that is refused at the first step."""
+        for parameter, master in self.copies:
+            if parameter.device != master.device:
+                raise ValueError(f"a parameter is on {parameter.device} but its fp32 master on {master.device}: "
+                                 "move the model to its device before building MasterAdamW")
+        self._devices_checked = True
 
     def _gradients_to_masters(self) -> None:
         for parameter, master in self.copies:

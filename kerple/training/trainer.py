@@ -109,6 +109,7 @@ class Trainer:
             self.model = build_stages(self.model, parallel)
         else:
             maybe_compile(self.model, cfg)  # per-layer torch.compile when `compile: true`
+        self.model.to(parallel.device)  # MasterAdamW makes the fp32 masters where the model trains
         own_step = optimizer_steps_itself(cfg)  # MasterAdamW holds the masters and clips; else DeepSpeed's wrappers
         self.optimizer = (build_master_adamw(self.model, cfg, parallel) if own_step
                           else build_optimizer(self.model, cfg.optimizer))

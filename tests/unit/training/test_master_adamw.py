@@ -134,3 +134,15 @@ def test_a_step_waits_for_nothing() -> None:
     counts = count_host_work(prof.events(), steps=1)
     assert counts.syncs == 0
     assert counts.ops < 20  # a handful of foreach/fused kernels, not a dozen per parameter
+
+
+def test_a_model_moved_after_the_masters_were_made_is_refused() -> None:
+    """The masters are made where the parameters are; the trainer moves the model first. A model
+    moved later (here to the meta device, as ``module.to("cuda")`` moves a parameter: the same
+    object, elsewhere) would be updated elsewhere: the first step says so."""
+    trained = model()
+    optimizer = MasterAdamW(groups(trained), dtype=torch.bfloat16, **HYPER)
+    for parameter in trained.parameters():
+        torch.utils.swap_tensors(parameter, nn.Parameter(parameter.detach().to("meta")))
+    with pytest.raises(ValueError, match="move the model to its device before building MasterAdamW"):
+        optimizer.step()
