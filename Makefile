@@ -45,9 +45,10 @@ docs: $(STAMP)
 clean-venv:
 	rm -rf $(VENV)
 
-# `make gpu-check [QUICK=1] [STEPS=3,4] [BUDGET=seconds] [OUTPUT=folder]`: the GPU check
+# `make gpu-check [QUICK=1 | PROFILE=1] [STEPS=3,4] [BUDGET=seconds] [OUTPUT=folder]`: the GPU check
 # (tools/gpu_check.py) with the interpreter that holds torch: .venv here, the image's python3 on a GPU
-# machine. QUICK=1: one short lease (steps 1, 3, 4 for the key embeddings, 540 s). Distributions the
+# machine. QUICK=1: one short lease (steps 1, 3, 4 for the key embeddings, 540 s). PROFILE=1: step 8
+# alone, where a 162M training step's time goes (150 s). Distributions the
 # interpreter lacks, or has too old, are installed from .whl/ (`make gpu-wheels` where there is
 # network) into GPU_SITE, offline; gpu_check.py does that itself when run without make.
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
@@ -60,7 +61,7 @@ endef
 
 gpu-check:
 	@$(GPU_SITE_SETUP); \
-	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) tools/gpu_check.py --steps "$(STEPS)" $(if $(QUICK),--quick) \
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PYTHON) tools/gpu_check.py --steps "$(STEPS)" $(if $(QUICK),--quick) $(if $(PROFILE),--profile) \
 	  $(if $(BUDGET),--budget $(BUDGET)) $(if $(OUTPUT),--output $(OUTPUT))
 
 # `make gpu-reproduce [TOKENS=600M] [MINUTES=9] [SCALE=tiny] [REPRODUCE_ARGS=...]`: KERPLE Table 3 at

@@ -3,6 +3,7 @@
     python tools/gpu_check.py                    # every step; CUDA at full scale, else CPU at tiny scale
     python tools/gpu_check.py --steps 3,4        # some steps, merged into the existing report
     python tools/gpu_check.py --device cpu --output /tmp/report   # the harness's own CPU run
+    python tools/gpu_check.py --profile --output out/profile       # where a 162M step's time goes (150 s)
 
 The steps, their sizes and time budgets, and the report: benchmarks/gpu_check/.
 """

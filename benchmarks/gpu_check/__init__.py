@@ -15,7 +15,10 @@ the existing report):
 5. ``step_training``: a 300-step bf16 ``kerple_log`` run on the embedded data; loss falls, and a
    run resumed from its step-150 checkpoint repeats the uninterrupted run's losses;
 6. ``step_fp16``: fp16 with dynamic loss scaling skips and counts an overflowing step;
-7. ``step_evaluation``: evaluation memory and tokens/s per implementation at 2k-64k tokens.
+7. ``step_evaluation``: evaluation memory and tokens/s per implementation at 2k-64k tokens;
+8. ``step_profile`` (``--profile`` alone, 150 s; not part of a default run): where a 162M step's
+   time goes for ``none`` and ``kerple_log``, eager then compiled: host time, GPU busy fraction,
+   operators, launches and synchronizations per step, peak memory, the top CUDA kernels.
 
 Sizes and time budgets: :mod:`benchmarks.gpu_check.context`. Report format:
 :mod:`benchmarks.gpu_check.report`. Driver: :mod:`benchmarks.gpu_check.runner`.
@@ -29,4 +32,5 @@ STEP_MODULES: dict[int, str] = {
     5: "step_training",
     6: "step_fp16",
     7: "step_evaluation",
+    8: "step_profile",
 }

@@ -59,8 +59,10 @@ class Scale:
     throughput_embeddings: tuple[str, ...] | None = None  # step 4's embeddings (None: ``embeddings``)
     compile_embeddings: tuple[str, ...] | None = None  # measured with compile on (None: all of step 4's)
     table_variant: bool = True  # step 4 also measures flex gathering the distance table
-    steps: tuple[int, ...] | None = None  # the steps this scale runs by default (None: all)
+    steps: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7)  # the steps this scale runs by default (the profile: --profile)
     total_budget: float = 1080.0  # seconds for the whole check
+    profile_embeddings: tuple[str, ...] = ("none", "kerple_log")  # step 8's embeddings
+    profile_steps: int = 3  # step 8's profiled steps per case (after throughput_warmup and throughput_steps)
 
     def step_embeddings(self, step: int) -> tuple[str, ...]:
         """The embeddings step ``step`` measures."""
@@ -145,7 +147,14 @@ TINY_QUICK = replace(
     throughput_impls=("sdpa", "flex"), compile_embeddings=("none", "kerple_log"), table_variant=False,
     steps=(1, 3, 4), total_budget=300.0,
 )
-SCALES = {"full": FULL, "tiny": TINY, "quick": QUICK, "tiny-quick": TINY_QUICK}
+# ``--profile``: step 8 alone, in at most 150 s (about 20 s per uncompiled case on one H100 is the
+# plan; compiled cases come after both uncompiled ones and are left out when the budget runs short)
+PROFILE = replace(FULL, name="profile", steps=(8,), total_budget=150.0, budgets={8: 140},
+                  throughput_warmup=3, throughput_steps=5, profile_steps=3)
+TINY_PROFILE = replace(TINY, name="tiny-profile", steps=(8,), total_budget=120.0, budgets={8: 110},
+                       throughput_warmup=1, throughput_steps=2, profile_steps=1)
+SCALES = {"full": FULL, "tiny": TINY, "quick": QUICK, "tiny-quick": TINY_QUICK, "profile": PROFILE,
+          "tiny-profile": TINY_PROFILE}
 
 
 @dataclass

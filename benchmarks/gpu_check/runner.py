@@ -116,18 +116,24 @@ def parse_steps(text: str, default: tuple[int, ...] | None = None) -> list[int]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="gpu_check.py", description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="one short lease: steps 1, 3, 4 at the 162M shape in bf16 for the key embeddings, "
-                             "the most valuable first, 540 s in all")
-    parser.add_argument("--steps", default="all", help="comma-separated step numbers (default: all, or 1,3,4 with --quick)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true",
+                      help="one short lease: steps 1, 3, 4 at the 162M shape in bf16 for the key embeddings, "
+                           "the most valuable first, 540 s in all")
+    mode.add_argument("--profile", action="store_true",
+                      help="step 8 alone: where a 162M bf16 training step's time goes (none, kerple_log), 150 s")
+    parser.add_argument("--steps", default="all",
+                        help="comma-separated step numbers (default: 1-7, or 1,3,4 with --quick, 8 with --profile)")
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     parser.add_argument("--scale", default="auto", choices=("auto", *SCALES),
-                        help="full (or quick) on CUDA, tiny (or tiny-quick: the harness's own test) on CPU")
+                        help="full (or quick, profile) on CUDA, tiny (or tiny-quick, tiny-profile: the harness's own "
+                             "tests) on CPU")
     parser.add_argument("--output", type=Path, default=REPO / "gpu-report", help="report folder (report.json, report.md)")
     parser.add_argument("--work", type=Path, help=f"scratch folder (default: one per report under {WORK})")
     parser.add_argument("--budget", type=float, help="seconds per selected step (default: each step's own)")
     parser.add_argument("--total-budget", type=float,
-                        help="seconds for the whole check (default: 18 min at full scale, 9 min with --quick)")
+                        help="seconds for the whole check (default: 18 min at full scale, 9 min with --quick, "
+                             "150 s with --profile)")
     parser.add_argument("--in-process", action="store_true", help="run the steps in this process")
     parser.add_argument("--worker-step", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -136,7 +142,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.scale == "auto":
-        args.scale = ("quick" if args.quick else "full") if args.device == "cuda" else ("tiny-quick" if args.quick else "tiny")
+        mode = "quick" if args.quick else "profile" if args.profile else "full"
+        args.scale = mode if args.device == "cuda" else {"full": "tiny"}.get(mode, f"tiny-{mode}")
     args.work = args.work or default_work(args.output)
     return args
 

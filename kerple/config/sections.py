@@ -309,7 +309,10 @@ class PrecisionConfig:
         False, "DeepSpeed bf16: apply gradient updates immediately.", keys=("bf16.immediate_grad_update",)
     )
     check_grad_overflow: bool = setting(
-        True, "DeepSpeed bf16: skip a step whose gradients overflow.", keys=("bf16.check_grad_overflow",)
+        False,
+        "DeepSpeed bf16 (ZeRO 1-3, pipeline): skip a step whose gradients overflow; off because bf16 has no "
+        "loss scale to lower (a non-finite loss stops the run), DeepSpeed's default is true.",
+        keys=("bf16.check_grad_overflow",),
     )
     bf16_master_weights_and_grads: bool = setting(
         False,

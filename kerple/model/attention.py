@@ -249,6 +249,12 @@ class AttentionContext:
             self._dense["allowed"] = allowed
         return self._dense["allowed"]
 
+    def blocked(self) -> torch.Tensor:
+        """Bool ``[q_len, k_len]``, the complement of :meth:`allowed` (made once per forward, not per layer)."""
+        if "blocked" not in self._dense:
+            self._dense["blocked"] = ~self.allowed()
+        return self._dense["blocked"]
+
     def flex_term(self, dtype: torch.dtype) -> LogitTerm | None:
         """The term ``flex`` applies: the closed form, else a gather from the tables cast to ``dtype``."""
         if self.logit_term is not None:
@@ -288,7 +294,7 @@ class AttentionContext:
         """SDPA's additive mask from the grid term: its bias, ``-inf`` where a key is not visible,
         ``[b or 1, H, q_len, k_len]`` in ``dtype`` (its gradient reaches the term's tensors)."""
         bias = self.dense_bias(batch, heads)
-        return bias.masked_fill(~self.allowed(), float("-inf")).to(dtype)
+        return bias.masked_fill(self.blocked(), float("-inf")).to(dtype)
 
     def sdpa_diagonals(self) -> torch.Tensor | None:
         """The SDPA mask's value per diagonal, ``[H or 1, q_len + k_len - 1]`` float32 (index
@@ -338,9 +344,10 @@ def eager_attention(
     bias = context.dense_bias(batch, heads)
     if bias is not None:
         scores = scores + bias
-    scores = scores.masked_fill(~context.allowed(), float("-inf"))
+    scores = scores.masked_fill(context.blocked(), float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(value.dtype)  # [b, H, q, k]
-    probs = F.dropout(probs, p=context.dropout_p, training=training)
+    if training and context.dropout_p > 0.0:
+        probs = F.dropout(probs, p=context.dropout_p)
     return torch.matmul(probs, value)  # [b, H, q, d]
 
 

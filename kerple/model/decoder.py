@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from kerple.model.init import init_function
+from kerple.model.lm_loss import linear_cross_entropy
 from kerple.model.mlp import build_norm
 from kerple.model.transformer import TokenEmbedding
 from kerple.positional.base import PositionalEmbedding, parameter_statistics
@@ -125,9 +126,14 @@ class Decoder(nn.Module):
         if self.lm_head is not None:
             init_weight(self.lm_head.weight)
 
-    def forward(self, tokens: torch.Tensor, cache: Any = None) -> torch.Tensor:
-        """``tokens [b, s]`` -> logits ``[b, s, padded_vocab]``."""
-        return F.linear(self.hidden_states(tokens, cache), self.lm_head_weight)
+    def forward(self, tokens: torch.Tensor, cache: Any = None, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """``tokens [b, s]`` -> logits ``[b, s, padded_vocab]``; with ``labels [b, s]``, the mean cross
+        entropy instead (fp32 scalar, -100 ignored), from the LM head fused with the loss
+        (:func:`~kerple.model.lm_loss.linear_cross_entropy`: no full-length logits)."""
+        hidden = self.hidden_states(tokens, cache)  # [b, s, h]
+        if labels is not None:
+            return linear_cross_entropy(hidden, self.lm_head_weight, labels)
+        return F.linear(hidden, self.lm_head_weight)
 
     def chunked_loss(
         self, tokens: torch.Tensor, labels: torch.Tensor, chunk_size: int = 1024, ignore_index: int = -100
@@ -165,10 +171,16 @@ def maybe_compile(model: Decoder, cfg: Any) -> Decoder:
     Per-layer ``nn.Module.compile`` (as torchtitan does) keeps the parameter names and the
     ``state_dict`` keys unchanged (``torch.compile(model)`` would prefix them with ``_orig_mod.``),
     leaves the Python-side work of a forward (distance tables, KV cache, kernel choice) uncompiled,
-    and makes every layer reuse one compiled graph. Call it after moving the model to its device
-    and before building the optimizer or a DeepSpeed engine.
+    and makes every layer reuse one compiled graph: the layers differ only in their parameters,
+    which Dynamo takes as inputs, and in their integer ``layer_index``, which it is told to treat as
+    a symbol once it has seen two values (an embedding with per-layer parameters, CABLE, indexes
+    them by it; specialised, every layer would compile its own graph and past Dynamo's recompile
+    limit of 8 the rest would silently run uncompiled). No layer of any embedding breaks its graph
+    (tests/unit/model/test_compiled_layers.py). Call it after moving the model to its device and
+    before building the optimizer or a DeepSpeed engine.
     """
     if cfg.training.compile:
+        torch._dynamo.config.allow_unspec_int_on_nn_module = True
         for layer in model.layers:
             layer.compile()
     return model

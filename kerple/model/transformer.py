@@ -17,6 +17,12 @@ from kerple.model.mlp import MLP, build_norm
 from kerple.positional.base import PositionalEmbedding
 
 
+def dropout_module(p: float) -> nn.Module:
+    """``nn.Dropout(p)``, or ``nn.Identity`` for ``p == 0`` (the paper's setting), where dropout is the
+    identity but would still cost an operator call per use on the host."""
+    return nn.Dropout(p) if p > 0.0 else nn.Identity()
+
+
 class TokenEmbedding(nn.Module):
     """Word embeddings ``[V, h]``, the positional embedding's input hook, embedding dropout.
 
@@ -28,7 +34,7 @@ class TokenEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int, dropout: float) -> None:
         super().__init__()
         self.word_embeddings = nn.Embedding(vocab_size, hidden_size)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = dropout_module(dropout)
 
     def forward(
         self, tokens: torch.Tensor, positions: torch.Tensor | None = None, positional: PositionalEmbedding | None = None
@@ -68,7 +74,7 @@ class TransformerLayer(nn.Module):
         self.attention = SelfAttention(hidden_size, num_heads, layer_index) if attention is None else attention
         self.post_attention_layernorm = build_norm(norm, hidden_size, layernorm_epsilon)
         self.mlp = MLP(hidden_size, activation)
-        self.hidden_dropout = nn.Dropout(hidden_dropout)
+        self.hidden_dropout = dropout_module(hidden_dropout)
 
     def forward(self, hidden: torch.Tensor, context: Any) -> torch.Tensor:
         """``[b, s, h]`` -> ``[b, s, h]`` (``context``: what the attention needs, e.g. an :class:`~kerple.model.attention.AttentionContext`)."""

@@ -91,7 +91,7 @@ def diagonal_sums(grad: torch.Tensor) -> torch.Tensor:
     rows = grad.reshape(-1, q_len, k_len)  # [N, q, k]
     width = q_len + k_len
     buffer = grad.new_zeros(rows.shape[0], q_len, width)  # [N, q, q + k]
-    shifted = buffer.as_strided(rows.shape, (q_len * width, width - 1, 1), buffer.storage_offset() + q_len - 1)
+    shifted = buffer.as_strided(rows.shape, (q_len * width, width - 1, 1), q_len - 1)  # a fresh buffer: offset 0
     shifted.copy_(rows)
     columns = buffer.sum(-2)[:, : q_len + k_len - 1]  # [N, q + k - 1], column j - i + q - 1
     return columns.flip(-1).reshape(*batch, q_len + k_len - 1)

@@ -64,7 +64,7 @@ def kernel_tensor(tensor: torch.Tensor) -> torch.Tensor:
     small copy per forward: captured tensors are per-head or per-token vectors, never ``L x L``.
     Idempotent: a copy is neither a view nor a leaf.
     """
-    if tensor.requires_grad and (tensor.is_leaf or tensor._is_view()):
+    if tensor.requires_grad and (tensor.is_leaf or tensor._base is not None):  # _base: a view, and traceable
         return tensor.clone(memory_format=torch.contiguous_format)
     return tensor
 

@@ -9,6 +9,20 @@ and the LR schedule are passed to ``deepspeed.initialize`` as objects (see
 rather than a ``scheduler`` block. This project writes its own checkpoints
 (:mod:`kerple.checkpoint`). ``steps_per_print`` is set high because the trainer prints its
 own progress lines.
+
+Precision and clipping on the single-replica layout (ZeRO stage 0, no pipeline), the one a
+single-GPU run takes, in fp32 and bf16: DeepSpeed gets no ``bf16`` block and no
+``gradient_clipping``, and steps the optimizer it is given as a plain torch optimizer,
+:class:`kerple.training.master_adamw.MasterAdamW`, which keeps the fp32 master weights of a bf16
+model and clips by the global gradient norm itself, a few foreach kernels per step. (DeepSpeed's
+``bf16`` block at ZeRO 0 would wrap the optimizer in its unfused fp16/bf16 optimizer: an fp32
+copy, an overflow check and a norm per parameter, each check and norm a host synchronization.)
+bf16 has fp32's exponent range and trains without a loss scale, so it needs no overflow check: a
+non-finite loss stops the run instead (:class:`kerple.training.trainer.Trainer`).
+
+ZeRO 1-3 and pipeline runs keep DeepSpeed's ``bf16`` block, written with
+``check_grad_overflow: false`` unless the config sets it, and DeepSpeed's clipping. fp16 keeps
+DeepSpeed's dynamic loss scaling and its overflow check everywhere.
 """
 
 from __future__ import annotations
@@ -29,7 +43,7 @@ LOSS_SCALE_DEFAULTS = {
 FP16_OPTIONS = {"auto_cast": False, "consecutive_hysteresis": False, "fp16_master_weights_and_grads": False}
 BF16_OPTIONS = {
     "immediate_grad_update": False,
-    "check_grad_overflow": True,
+    "check_grad_overflow": True,  # the config's default is false (see the module docstring)
     "bf16_master_weights_and_grads": False,
     "bf16_optimizer_states": False,
 }
@@ -86,11 +100,12 @@ def deepspeed_config(cfg: Any, *, data_parallel_size: int) -> dict[str, Any]:
     precision = str(cfg.precision.precision)
     zero_stage = int(_field(cfg.parallelism, "zero_stage", 0))
 
+    own_step = optimizer_steps_itself(cfg)
     ds: dict[str, Any] = {
         "train_batch_size": micro * accumulation * data_parallel_size,
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accumulation,
-        "gradient_clipping": float(_field(training, "gradient_clipping", 0.0)),
+        "gradient_clipping": 0.0 if own_step else float(_field(training, "gradient_clipping", 0.0)),
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
         # torch.optim.AdamW is on DeepSpeed's ZeRO list; this only silences the check for others.
@@ -98,15 +113,15 @@ def deepspeed_config(cfg: Any, *, data_parallel_size: int) -> dict[str, Any]:
         "zero_force_ds_cpu_optimizer": False,
         "zero_optimization": _zero_block(cfg, zero_stage),
     }
-    if precision == "bf16":
+    if precision not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"precision {precision!r} is not one of fp32, bf16, fp16")
+    if precision == "bf16" and not own_step:  # with its own step the optimizer holds the masters
         ds["bf16"] = {"enabled": True, **_changed(cfg.precision, BF16_OPTIONS)}
     elif precision == "fp16":
         block = {"enabled": True}
         for name, default in LOSS_SCALE_DEFAULTS.items():
             block[name] = _field(cfg.precision, name, default)
         ds["fp16"] = {**block, **_changed(cfg.precision, FP16_OPTIONS)}
-    elif precision != "fp32":
-        raise ValueError(f"precision {precision!r} is not one of fp32, bf16, fp16")
     passed = getattr(cfg, "deepspeed", None)
     if passed is not None:
         for name in PASSED_ON:
@@ -115,6 +130,15 @@ def deepspeed_config(cfg: Any, *, data_parallel_size: int) -> dict[str, Any]:
                 ds[name] = value
         ds.update(passed.deepspeed_extra_args)  # kerple's config check keeps these off the keys above
     return ds
+
+
+def optimizer_steps_itself(cfg: Any) -> bool:
+    """Whether ``cfg``'s run trains with :class:`~kerple.training.master_adamw.MasterAdamW` (fp32 or bf16
+    at ZeRO stage 0 without a pipeline), which holds the master weights and clips, rather than with
+    DeepSpeed's precision wrappers and clipping."""
+    parallelism = cfg.parallelism
+    return (str(cfg.precision.precision) in ("fp32", "bf16") and int(_field(parallelism, "zero_stage", 0)) == 0
+            and max(int(_field(parallelism, "pipe_parallel_size", 1)), 1) == 1)
 
 
 def _changed(section: Any, defaults: dict[str, Any]) -> dict[str, Any]:

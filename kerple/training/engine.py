@@ -60,7 +60,8 @@ def initialize_engine(model: nn.Module, optimizer: torch.optim.Optimizer, schedu
     """``deepspeed.initialize`` for this rank's ``model`` (moved to the rank's device first).
 
     A pipeline (``PipelineModule``) gets DeepSpeed's pipeline engine, which takes its groups from the
-    module; any other model is wrapped with its loss (:class:`LanguageModelLoss`).
+    module; any other model is wrapped with its loss (:class:`LanguageModelLoss`): the LM head fused
+    with the cross entropy, or the vocab-parallel cross entropy of the split logits.
     """
     import deepspeed
 
@@ -72,7 +73,7 @@ def initialize_engine(model: nn.Module, optimizer: torch.optim.Optimizer, schedu
         return engine
     if int(cfg.parallelism.zero_stage) == 3:
         _register_external_parameters(model)
-    loss_fn = loss_module.cross_entropy
+    loss_fn = None  # the model's LM head fused with the loss
     if parallel.model_parallel_size > 1:
         from kerple.parallel.tensor_parallel import vocab_parallel_loss
 

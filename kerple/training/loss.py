@@ -4,6 +4,11 @@ Wrapping the loss inside the engine's module means ``engine(tokens, labels)`` re
 that ``engine.backward`` needs, and tensor parallelism can swap in a vocab-parallel cross entropy
 without the trainer knowing. Checkpoints are written from ``LanguageModelLoss.model`` so their keys
 are the model's own.
+
+Without a ``loss_fn`` the model computes its LM head and the loss together
+(:func:`kerple.model.lm_loss.linear_cross_entropy`), so the ``[b, s, V]`` logits are never held in
+fp32; with one (the vocab-parallel loss of tensor parallelism, the pipeline's last stage) the
+model's logits are handed to it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from torch import nn
 
 IGNORE_INDEX = -100
 
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean token cross entropy in fp32: ``logits [b, s, V]``, ``labels [b, s]`` (-100 ignored)."""
@@ -25,13 +32,13 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 class LanguageModelLoss(nn.Module):
     """``forward(tokens [b, s], labels [b, s]) -> scalar mean loss``."""
 
-    def __init__(
-        self, model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy
-    ) -> None:
+    def __init__(self, model: nn.Module, loss_fn: LossFn | None = None) -> None:
         super().__init__()
         self.model = model
         self.loss_fn = loss_fn
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.loss_fn is None:
+            return self.model(tokens, labels=labels)  # the LM head fused with the loss
         logits = self.model(tokens)  # [b, s, V] (V local to the rank under tensor parallelism)
         return self.loss_fn(logits, labels)

@@ -4,9 +4,10 @@ A run whose micro-batch cannot fit is otherwise killed by the kernel (or CUDA) a
 with no word. :func:`training_memory` is a *lower bound* per process, so that a refusal is never
 wrong: the model states (weights and gradients in the parameters' dtype, Adam's two fp32 moments and
 the fp32 master copy of a 16-bit run, the optimizer part split over data-parallel ranks under ZeRO),
-the activations a layer keeps for the backward pass, and the logits the loss reads with the fp32
-log-softmax its cross entropy keeps for the backward (:class:`kerple.training.loss.LanguageModelLoss`
-reads the model's whole ``[b, s, V]`` output).
+the activations a layer keeps for the backward pass, and the logits the loss reads: one chunk of fp32
+logits for the fused LM-head loss of a single-stage, single-slice model
+(:func:`kerple.model.lm_loss.linear_cross_entropy`), else the whole ``[b, s, V]`` output with the fp32
+log-softmax its cross entropy keeps for the backward.
 
 Activations per layer: Korthikanti et al. 2022 (arXiv 2205.05198, §4.1) count 34·s·b·h bytes in
 16-bit precision, plus 5·a·s²·b for attention scores kept by a kernel that materialises them (eager);
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 
+from kerple.model.lm_loss import chunk_tokens_for
 from kerple.training.errors import TrainingError
 
 SAVED_HIDDEN_TENSORS = 8
@@ -81,7 +83,13 @@ def training_memory(cfg: Any, parameters: int, data_parallel: int = 1) -> Memory
         activations = layers * seq * hidden * width + group * layer
     else:
         activations = layers * layer
-    logits = seq * int(model.padded_vocab_size) * (width + 4) / model_parallel  # and the fp32 log-softmax kept
+    vocab = int(model.padded_vocab_size)
+    if model_parallel == 1 and stages == 1:  # the fused loss: one chunk of fp32 logits at a time, whatever the batch
+        tokens = seq * int(training.micro_batch_size)
+        states += chunk_tokens_for(tokens, vocab) * vocab * 4
+        logits = 0.0
+    else:  # the whole [b, s, V] output, and the fp32 log-softmax its cross entropy keeps
+        logits = seq * vocab * (width + 4) / model_parallel
     return MemoryEstimate(int(states), int(activations), int(logits), int(training.micro_batch_size))
 
 

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from kerple.training.master_adamw import MasterAdamW
+
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Split ``model``'s trainable parameters into decay / no-decay groups (empty groups dropped).
 
@@ -42,20 +44,35 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str,
     return [group for group in groups if group["params"]]
 
 
-def build_optimizer(model: nn.Module, optimizer_cfg: Any, *, fused: bool = False) -> torch.optim.Optimizer:
-    """Build the optimizer of ``cfg.optimizer`` (fields ``lr, betas, eps, weight_decay``; its ``type``,
-    Adam or AdamW, is checked when the config loads and runs the same update either way).
-
-    ``fused=True`` selects torch's fused AdamW kernel (CUDA only; the trainer asks for it on GPUs).
-    """
+def _arguments(optimizer_cfg: Any) -> dict[str, Any]:
+    """AdamW's hyper-parameters from ``cfg.optimizer``; the lr written here is overwritten by
+    AnnealingLR before the first step."""
     beta1, beta2 = (float(beta) for beta in optimizer_cfg.betas)
-    weight_decay = float(optimizer_cfg.weight_decay)
-    # The lr written here is overwritten by AnnealingLR before the first step.
-    return torch.optim.AdamW(
-        weight_decay_groups(model, weight_decay),
-        lr=float(optimizer_cfg.lr),
-        betas=(beta1, beta2),
-        eps=float(optimizer_cfg.eps),
-        weight_decay=weight_decay,
-        fused=fused,
+    return {"lr": float(optimizer_cfg.lr), "betas": (beta1, beta2), "eps": float(optimizer_cfg.eps),
+            "weight_decay": float(optimizer_cfg.weight_decay)}
+
+
+def build_optimizer(model: nn.Module, optimizer_cfg: Any, *, fused: bool = True) -> torch.optim.Optimizer:
+    """Build the optimizer of ``cfg.optimizer`` (fields ``lr, betas, eps, weight_decay``; its ``type``,
+    Adam or AdamW, is checked when the config loads and runs the same update either way), for
+    DeepSpeed to wrap (ZeRO, pipeline, fp16).
+
+    ``fused=True`` (the default) selects torch's fused AdamW kernel, which torch has for CPU and
+    CUDA parameters alike: one kernel per parameter group and step instead of a dozen per parameter.
+    """
+    arguments = _arguments(optimizer_cfg)
+    return torch.optim.AdamW(weight_decay_groups(model, arguments["weight_decay"]), fused=fused, **arguments)
+
+
+def build_master_adamw(model: nn.Module, cfg: Any, parallel: Any) -> MasterAdamW:
+    """The optimizer of the single-replica layout (:func:`kerple.training.ds_config.optimizer_steps_itself`):
+    :class:`MasterAdamW` with ``cfg``'s hyper-parameters and ``gradient_clipping``; a bf16 run's
+    model is cast to bf16 here, its fp32 values kept as the masters."""
+    arguments = _arguments(cfg.optimizer)
+    dtype = torch.bfloat16 if str(cfg.precision.precision) == "bf16" else torch.float32
+    group = parallel.model_parallel_group if parallel.model_parallel_size > 1 else None
+    return MasterAdamW(
+        weight_decay_groups(model, arguments["weight_decay"]), dtype=dtype,
+        max_norm=float(cfg.training.gradient_clipping or 0.0), model_parallel_group=group,
+        model_parallel_rank=parallel.model_parallel_rank, **arguments,
     )

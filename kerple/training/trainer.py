@@ -14,6 +14,15 @@ This rank's model and engine for tensor, pipeline and ZeRO-3 layouts are built b
 ``gradient_accumulation_steps`` micro-batches and each stage writes its own layer files. Under ZeRO-3
 saving gathers every parameter so the layer files hold the full weights, and the optimizer shards are
 written per rank as for ZeRO 1/2.
+
+Host work per step: the loss stays on the device (a 0-dim tensor per step) and is read at log and
+save steps only, where the run pays a synchronization anyway; a non-finite loss is found there and
+stops the run, naming its step, before any checkpoint of the broken model is written. On the
+single-replica layout (ZeRO 0, no pipeline, fp32 or bf16: :mod:`kerple.training.ds_config`) the
+optimizer is :class:`~kerple.training.master_adamw.MasterAdamW` (fp32 masters, clipping and the
+fused AdamW update in a few foreach kernels, no host synchronization), and with one data-parallel
+replica DeepSpeed's gradient all-reduce (a flatten and a copy per parameter, for nothing to
+average) is skipped.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from kerple.checkpoint import RunState, architecture_args, capture_rng, save_checkpoint, tag_for
 from kerple.checkpoint.architecture import with_origin
@@ -37,12 +47,13 @@ from kerple.model import maybe_compile
 from kerple.model.decoder import compile_flex_kernels
 from kerple.parallel.groups import ParallelState, init_distributed, teardown
 from kerple.training.batches import build_feeds
+from kerple.training.ds_config import optimizer_steps_itself
 from kerple.training.engine import build_rank_model, build_stages, gathered, initialize_engine
 from kerple.training.errors import TrainingDivergedError, TrainingError
 from kerple.training.lock import SaveLock
 from kerple.training.memory import check_training_memory
 from kerple.training.monitor import Monitor, progress_line
-from kerple.training.optimizer import build_optimizer
+from kerple.training.optimizer import build_master_adamw, build_optimizer
 from kerple.training.resume import load_weights, prepare_resume, restore_run_state
 from kerple.training.schedule import AnnealingLR
 from kerple.training.summary import already_finished, parameter_count, startup_summary
@@ -103,9 +114,15 @@ class Trainer:
             self.model = build_stages(self.model, parallel)
         else:
             maybe_compile(self.model, cfg)  # per-layer torch.compile when `compile: true`
-        self.optimizer = build_optimizer(self.model, cfg.optimizer, fused=self.parallel.device.type == "cuda")
+        self.model.to(parallel.device)  # MasterAdamW makes the fp32 masters where the model trains
+        own_step = optimizer_steps_itself(cfg)  # MasterAdamW holds the masters and clips; else DeepSpeed's wrappers
+        self.optimizer = (build_master_adamw(self.model, cfg, parallel) if own_step
+                          else build_optimizer(self.model, cfg.optimizer))
         self.scheduler = self._build_scheduler()
         self.engine = initialize_engine(self.model, self.optimizer, self.scheduler, cfg, parallel)
+        # one replica: DeepSpeed's all-reduce would flatten and copy every gradient to average nothing
+        self.reduce_gradients = not own_step or parallel.data_parallel_size > 1
+        self.pending_losses: list[tuple[int, torch.Tensor]] = []  # losses not yet read on the host
         if cfg.training.compile and not self.pipelined and parallel.device.type == "cuda":  # retry out-of-resource now
             tokens = torch.zeros(self.micro, int(cfg.model.seq_length), dtype=torch.long, device=parallel.device)
             compile_flex_kernels(self.model, tokens)
@@ -174,11 +191,11 @@ class Trainer:
             torch.cuda.manual_seed_all(seed)
 
     # --- one step -----------------------------------------------------------------------------
-    def train_step(self) -> float:
-        """One optimizer step over ``gradient_accumulation_steps`` micro-batches; returns the mean loss.
+    def train_step(self) -> torch.Tensor:
+        """One optimizer step over ``gradient_accumulation_steps`` micro-batches; returns the mean loss
+        (over micro-batches and data-parallel ranks) as a 0-dim fp32 tensor on the device.
 
-        Raises :class:`TrainingDivergedError` (on every rank) when the loss is not finite outside
-        fp16 (where DeepSpeed's loss scaler skips the step instead and the skip is counted).
+        Nothing here waits for the device: :meth:`read_losses` checks the losses at log and save steps.
         """
         assert self.train_feed is not None
         self.engine.train()
@@ -187,25 +204,55 @@ class Trainer:
             # the first and the last stage each read the micro-batches (tokens, labels); the loss
             # comes back averaged over micro-batches and data-parallel ranks, on every stage
             batches = (self.train_feed.micro_batch(self.consumed_train_samples, m) for m in range(self.accumulation))
-            mean_loss = float(self.engine.train_batch(batches).item())
+            mean_loss = self.engine.train_batch(batches).detach().float()
         else:
-            losses = []
-            for micro_step in range(self.accumulation):
-                tokens, labels = self.train_feed.micro_batch(self.consumed_train_samples, micro_step)
-                loss = self.engine(tokens, labels)
-                self.engine.backward(loss)
-                self.engine.step()
-                losses.append(loss.detach().float().item())
-            mean_loss = self.parallel.mean_over_data_parallel(sum(losses) / len(losses))
+            total = self._accumulate()
+            mean_loss = self._mean_over_data_parallel(total / self.accumulation if self.accumulation > 1 else total)
         self.iteration += 1
         self.consumed_train_samples += self.train_feed.global_batch
         self.skipped_steps += self.engine.skipped_steps - skipped_before
-        if self.parallel.any_rank(not math.isfinite(mean_loss)) and self.precision != "fp16":
+        return mean_loss
+
+    def _accumulate(self) -> torch.Tensor:
+        """Forward, backward and ``engine.step`` per micro-batch (DeepSpeed steps the optimizer on the
+        last). Returns the summed loss."""
+        losses = []
+        for micro_step in range(self.accumulation):
+            tokens, labels = self.train_feed.micro_batch(self.consumed_train_samples, micro_step)
+            loss = self.engine(tokens, labels)
+            with contextlib.nullcontext() if self.reduce_gradients else self.engine.no_sync():
+                self.engine.backward(loss)
+            self.engine.step()
+            losses.append(loss.detach())
+        return losses[0] if len(losses) == 1 else torch.stack(losses).sum()
+
+    def _mean_over_data_parallel(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` averaged over the data-parallel replicas, on the device."""
+        if self.parallel.data_parallel_size == 1:
+            return value
+        dist.all_reduce(value, group=self.parallel.data_parallel_group)
+        return value / self.parallel.data_parallel_size
+
+    def read_losses(self) -> list[tuple[int, float]]:
+        """The losses of the steps since the last read, as ``(step, loss)`` (one synchronization).
+
+        Raises :class:`TrainingDivergedError` (on every rank) when one is not finite outside fp16
+        (where DeepSpeed's loss scaler skips the step instead and the skip is counted), naming the
+        first such step; the caller reads before saving, so no checkpoint holds the broken model.
+        """
+        if not self.pending_losses:
+            return []
+        steps = [step for step, _ in self.pending_losses]
+        values = torch.stack([loss for _, loss in self.pending_losses]).cpu().tolist()
+        self.pending_losses.clear()
+        first_bad = next(((step, value) for step, value in zip(steps, values) if not math.isfinite(value)), None)
+        if self.parallel.any_rank(first_bad is not None) and self.precision != "fp16":
+            step, value = first_bad or (steps[-1], float("nan"))
             raise TrainingDivergedError(
-                f"loss is {mean_loss} at step {self.iteration} ({self.precision}); stopping without saving. "
+                f"loss is {value} at step {step} ({self.precision}); stopping without saving. "
                 f"Lower the learning rate, raise warmup, or check the data; {self._last_good_checkpoint()}."
             )
-        return mean_loss
+        return list(zip(steps, values))
 
     def _last_good_checkpoint(self) -> str:
         """Where a diverged run can go back to, said as it is (a ``save`` folder may hold nothing yet)."""
@@ -317,19 +364,22 @@ class Trainer:
                 lr = self.optimizer.param_groups[0]["lr"]
                 step_start = time.perf_counter()
                 loss = self.train_step()
+                self.pending_losses.append((self.iteration, loss))
+                on_interval = self.iteration % log_interval == 0 or self.iteration == self.train_iters
+                stop = self.parallel.any_rank(self._stop_signal is not None)
+                saving = stop or self.iteration % save_interval == 0
+                if on_interval or saving or steps_total == 0:  # the host waits for the device only here
+                    result.losses += self.read_losses()
                 step_time = time.perf_counter() - step_start
                 elapsed_total, steps_total = elapsed_total + step_time, steps_total + 1
                 window_steps += 1
-                result.losses.append((self.iteration, loss))
-                on_interval = self.iteration % log_interval == 0 or self.iteration == self.train_iters
                 if on_interval or steps_total == 1:  # a first line at once: the user sees the run is alive
                     window = (time.perf_counter() - window_start) / window_steps
-                    self._log_progress(loss, lr, tokens_per_step, window, elapsed_total / steps_total, on_interval)
+                    self._log_progress(result.losses[-1][1], lr, tokens_per_step, window, elapsed_total / steps_total, on_interval)
                     window_start, window_steps = time.perf_counter(), 0
                 if eval_interval and self.iteration % eval_interval == 0:
                     self._run_eval(result)
-                stop = self.parallel.any_rank(self._stop_signal is not None)
-                if stop or (self.iteration % save_interval == 0):
+                if saving:
                     last_saved = self.save() or last_saved
                 if stop:
                     self.monitor.print(f"received signal; saved at step {self.iteration} and stopping cleanly")

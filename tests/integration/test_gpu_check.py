@@ -31,7 +31,7 @@ def test_cpu_run_reports_every_step_and_survives_a_failing_one(tmp_path: Path, m
     report = _report(out)
     assert {"date", "device", "torch", "cuda", "python", "deepspeed"} <= set(report["environment"])
     steps = report["steps"]
-    assert list(steps) == [str(n) for n in sorted(STEP_MODULES)]
+    assert list(steps) == [str(n) for n in sorted(STEP_MODULES) if n != 8]  # the profile runs with --profile
     assert {n: s["status"] for n, s in steps.items()} == {
         "1": "passed", "2": "skipped", "3": "failed", "4": "passed", "5": "passed", "6": "skipped", "7": "passed"}
     assert "injected failure" in steps["3"]["reason"]
@@ -100,3 +100,23 @@ def test_quick_run_writes_its_report_after_every_case(tmp_path: Path, monkeypatc
     assert len(first_case["steps"]["3"]["tables"][0]["rows"]) == 1  # written after the first case already
     assert sum("3" in report["steps"] and "4" not in report["steps"] for report in written) >= 5
     assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md"]
+
+
+def test_profile_mode_reports_host_work_per_step(tmp_path: Path) -> None:
+    """``--profile`` at tiny scale on a CPU: step 8 alone, both embeddings profiled (compiled cases
+    left out: CUDA only), no host synchronization in a training step, one kernel table per case."""
+    out = tmp_path / "profile"
+    assert runner.main(["--profile", "--device", "cpu", "--output", str(out), "--in-process",
+                        "--work", str(tmp_path / "work")]) == 0
+    step = _report(out)["steps"]["8"]
+    assert list(_report(out)["steps"]) == ["8"] and step["status"] == "passed"
+    rows = {(row[0], row[1]): row for row in step["tables"][0]["rows"]}
+    assert set(rows) == {("none", "off"), ("kerple_log", "off")}
+    for label in ("none, compile off", "kerple_log, compile off"):
+        case = step["metrics"][label]
+        assert case["syncs"] == 0 and case["ops"] > 50 and case["step_ms"] > 0 and case["host_ms"] > 0
+        assert case["gpu_busy"] is None and case["launches"] is None  # no CUDA here
+    assert "compile is measured on CUDA only" in step["reason"]
+    assert [table["title"] for table in step["tables"][1:]] == [
+        "Top 20 CUDA kernels: none, compile off", "Top 20 CUDA kernels: kerple_log, compile off"]
+    assert "| none | off | sdpa |" in (out / "report.md").read_text()

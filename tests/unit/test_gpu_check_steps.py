@@ -138,3 +138,24 @@ def test_throughput_rows_of_frozen_positional_parameters_are_invalid(tmp_path: P
     assert rows[("none", "sdpa (auto)")] == "" and rows[("alibi", "sdpa (auto)")] == ""
     assert result.status == "failed" and "invalid (positional parameters did not train)" in result.reason
     assert "kerple_log sdpa (auto) (compile off)" in result.reason
+
+
+def test_profile_busy_fraction_and_kernel_ranking() -> None:
+    """GPU busy time is the union of kernel intervals (overlaps once); kernels rank by total time."""
+    from types import SimpleNamespace
+
+    from benchmarks.gpu_check.step_profile import interval_union, kernel_summary
+
+    assert interval_union([(0, 10), (5, 15), (20, 30), (22, 25)]) == 25
+    assert interval_union([]) == 0
+
+    def kernel(name: str, start: float, end: float) -> SimpleNamespace:
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end,
+                                                                       elapsed_us=lambda: end - start))
+
+    kernels = [kernel("gemm", 0, 40), kernel("softmax", 30, 50), kernel("gemm", 60, 100), kernel("copy", 100, 101)]
+    busy, rows = kernel_summary(kernels, steps=2, wall_us=200)
+    assert busy == pytest.approx(91 / 200)
+    assert [row[0] for row in rows] == ["gemm", "softmax", "copy"]
+    assert rows[0][1:] == ["1", "0.040", f"{80 / 101:.1%}"]  # 2 calls over 2 steps, 80 µs of 101
+    assert kernel_summary([], steps=1, wall_us=10) == (None, [])

@@ -71,13 +71,14 @@ def test_every_deepspeed_fp16_key_is_passed_on(write):
 
 
 def test_bf16_keys_are_passed_on(write):
-    ds = ds_of(write, "bf16: {enabled: true, check_grad_overflow: false, immediate_grad_update: true}\n")
-    assert ds["bf16"] == {"enabled": True, "check_grad_overflow": False, "immediate_grad_update": True}
+    ds = ds_of(write, "bf16: {enabled: true, check_grad_overflow: true, immediate_grad_update: true}\n"
+                      "zero_optimization: {stage: 1}\n")
+    assert ds["bf16"] == {"enabled": True, "immediate_grad_update": True}  # check_grad_overflow: DeepSpeed's default
 
 
 def test_disabled_fp16_with_type_bfloat16_is_bf16_as_in_the_fork(write):
-    ds = ds_of(write, "fp16: {enabled: false, type: bfloat16}\n")
-    assert ds["bf16"] == {"enabled": True} and "fp16" not in ds
+    ds = ds_of(write, "fp16: {enabled: false, type: bfloat16}\nzero_optimization: {stage: 1}\n")
+    assert ds["bf16"] == {"enabled": True, "check_grad_overflow": False} and "fp16" not in ds
 
 
 def test_zero_keys_are_checked_against_deepspeed(write):

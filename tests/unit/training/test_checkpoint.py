@@ -130,17 +130,19 @@ def test_batch_that_does_not_divide_is_a_config_error(corpus: Path) -> None:
 
 
 def test_nan_loss_stops_without_saving(parallel, corpus: Path, tmp_path: Path, monkeypatch) -> None:
-    import kerple.training.loss as loss_module
+    """The loss is read on the host at log and save steps only: a NaN at step 3 is found before the
+    save at step 4, which is not written, and the error names step 3."""
+    import kerple.model.decoder as decoder
 
     calls = {"n": 0}
-    real = loss_module.cross_entropy
+    real = decoder.linear_cross_entropy
 
-    def poisoned(logits, labels):
+    def poisoned(hidden, weight, labels):
         calls["n"] += 1
-        value = real(logits, labels)
+        value = real(hidden, weight, labels)
         return value * float("nan") if calls["n"] >= 3 else value
 
-    monkeypatch.setattr(loss_module, "cross_entropy", poisoned)
+    monkeypatch.setattr(decoder, "linear_cross_entropy", poisoned)
     save = tmp_path / "ck"
     cfg = tiny_config(corpus, train_iters=6, save=str(save), save_interval=2)
     with pytest.raises(TrainingDivergedError, match="loss is nan at step 3"):

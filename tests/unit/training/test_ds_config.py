@@ -6,7 +6,7 @@ import torch
 
 from kerple.config import load_config
 from kerple.model import build_model
-from kerple.training.ds_config import deepspeed_config
+from kerple.training.ds_config import deepspeed_config, optimizer_steps_itself
 from kerple.training.optimizer import build_optimizer
 from tiny_run import REPO
 
@@ -20,8 +20,22 @@ def test_batch_triple_precision_and_zero_blocks() -> None:
     assert ds["gradient_accumulation_steps"] == 4
     assert ds["gradient_clipping"] == 1.0
     assert ds["zero_optimization"]["stage"] == 2
-    assert ds["bf16"] == {"enabled": True}  # fp16: {enabled, type: bfloat16} means bf16
+    assert ds["bf16"] == {"enabled": True, "check_grad_overflow": False}  # fp16: {enabled, type: bfloat16} means bf16
     assert "fp16" not in ds
+
+
+def test_bf16_at_zero_stage_0_leaves_precision_and_clipping_to_the_optimizer() -> None:
+    """ZeRO 0 without a pipeline: MasterAdamW holds the fp32 masters and clips, so DeepSpeed gets
+    neither a bf16 block (its unfused wrapper) nor gradient_clipping (its per-parameter clipping)."""
+    cfg = load_config([REPO / "configs/models/162M.yml"]).resolve_batch(1)
+    assert optimizer_steps_itself(cfg) and cfg.training.gradient_clipping == 1.0
+    ds = deepspeed_config(cfg, data_parallel_size=1)
+    assert "bf16" not in ds and "fp16" not in ds and ds["gradient_clipping"] == 0.0
+    piped = load_config([REPO / "configs/models/162M.yml"], {"pipe_parallel_size": 2}).resolve_batch(2)
+    assert not optimizer_steps_itself(piped)
+    assert deepspeed_config(piped, data_parallel_size=1)["bf16"] == {"enabled": True, "check_grad_overflow": False}
+    fp16 = load_config([REPO / "configs/models/162M.yml"], {"fp16": {"enabled": True, "type": None}}).resolve_batch(1)
+    assert not optimizer_steps_itself(fp16) and deepspeed_config(fp16, data_parallel_size=1)["gradient_clipping"] > 0
 
 
 def test_fp16_block_carries_loss_scaling() -> None:

@@ -14,13 +14,19 @@ def test_the_bound_is_the_hand_counted_one(corpus) -> None:  # noqa: F811
     """tiny_config: 2 layers, hidden 32, 4 heads, seq 32, vocab 64, fp32, eager, micro-batch 4."""
     cfg = tiny_config(corpus)
     estimate = memory.training_memory(cfg, parameters=1000)
-    assert estimate.states == 1000 * (4 + 4 + 8)  # weights, gradients, Adam's two moments
+    # weights, gradients, Adam's two moments; the fused loss's one chunk: all 4 x 32 positions' fp32 logits
+    assert estimate.states == 1000 * (4 + 4 + 8) + 4 * 32 * 64 * 4
     per_layer = 8 * 32 * 32 * 4 + 4 * 32 * 32 * 4  # 8 hidden-sized tensors per token, the eager softmax
     assert estimate.activations_per_sample == 2 * per_layer
-    assert estimate.logits_per_sample == 32 * 64 * (4 + 4)  # logits and the fp32 log-softmax
+    assert estimate.logits_per_sample == 0  # no [b, s, V] output is held
     assert estimate.total == estimate.states + 4 * (estimate.activations_per_sample + estimate.logits_per_sample)
     recomputed = memory.training_memory(tiny_config(corpus, checkpoint_activations=True), parameters=1000)
     assert recomputed.activations_per_sample == 2 * 32 * 32 * 4 + per_layer  # layer inputs, one layer again
+    sliced = tiny_config(corpus)
+    sliced.parallelism.model_parallel_size = 2  # the vocab-parallel loss reads the rank's whole logits
+    split = memory.training_memory(sliced, parameters=1000)
+    assert split.logits_per_sample == 32 * 64 * (4 + 4) / 2  # logits and the fp32 log-softmax, half the vocabulary
+    assert split.states == 1000 / 2 * (4 + 4 + 8)
 
 
 def test_a_batch_that_cannot_fit_is_refused_before_anything_is_built(parallel, corpus, monkeypatch) -> None:  # noqa: F811

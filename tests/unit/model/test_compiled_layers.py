@@ -1,0 +1,67 @@
+"""Regional compilation (``compile: true``, one ``torch.compile`` per decoder layer): no graph break
+inside a layer for any registered embedding, with the kernel it trains with on a CPU and with
+FlexAttention in evaluation; compiled with Inductor on a CPU, loss and every gradient equal eager's."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kerple import positional
+from kerple.model import GPTModel, maybe_compile
+from model_helpers import HEAD_DIM, HEADS, HIDDEN, VOCAB, tiny_model
+
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+
+def layer_graphs(name: str, impl: str, training: bool) -> tuple[int, int, list[str]]:
+    """(graphs, graph breaks, reasons) of Dynamo tracing the first layer's forward, with autograd
+    when ``training`` (Dynamo then also traces the backward of every custom autograd function)."""
+    model = tiny_model(name, impl=impl).train(training)
+    tokens = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    with torch.set_grad_enabled(training):
+        context = model.attention_context(16, tokens.device)
+        hidden = model.embedding(tokens, context.q_positions, model.positional)
+        explained = torch._dynamo.explain(model.layers[0])(hidden, context)
+    return explained.graph_count, explained.graph_break_count, [str(b.reason)[:200] for b in explained.break_reasons]
+
+
+@pytest.mark.parametrize("name", positional.names())
+def test_a_layer_is_one_graph_for_every_embedding(name: str) -> None:
+    trained_with = tiny_model(name).gradient_attention_impl("cpu", 16)
+    graphs, breaks, reasons = layer_graphs(name, trained_with, training=True)
+    assert (graphs, breaks) == (1, 0), (trained_with, reasons)
+    graphs, breaks, reasons = layer_graphs(name, "flex", training=False)
+    assert (graphs, breaks) == (1, 0), ("flex", reasons)
+
+
+@pytest.mark.parametrize("name", ["kerple_log", "cable"])
+def test_inductor_layers_equal_eager_and_share_one_graph(name: str, one_thread) -> None:
+    """kerple_log: a learnable bias through the fused CPU attention's custom backward; CABLE: a
+    term from each layer's own parameters (the layer index must not make one graph per layer)."""
+    from torch._dynamo.utils import counters
+
+    tokens = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
+    labels = torch.roll(tokens, -1, dims=1)
+    eager, compiled = four_layers(name), four_layers(name)
+    torch._dynamo.reset()
+    counters.clear()
+    maybe_compile(compiled, SimpleNamespace(training=SimpleNamespace(compile=True)))
+    for model in (eager, compiled):
+        model(tokens, labels=labels).backward()
+    torch.testing.assert_close(compiled(tokens, labels=labels), eager(tokens, labels=labels), rtol=1e-5, atol=1e-6)
+    for (key, want), (_, got) in zip(eager.named_parameters(), compiled.named_parameters()):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-6, msg=key)
+    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])  # four layers, at most one recompile
+
+
+def four_layers(name: str) -> GPTModel:
+    """The tiny model's sizes with four layers, so one graph per layer would show."""
+    torch.manual_seed(0)
+    embedding = positional.build(name, num_heads=HEADS, head_dim=HEAD_DIM, hidden_size=HIDDEN, max_positions=128,
+                                 num_layers=4)
+    return GPTModel(num_layers=4, hidden_size=HIDDEN, num_attention_heads=HEADS, padded_vocab_size=VOCAB,
+                    positional=embedding, attention_impl="sdpa", flex_compile=False)

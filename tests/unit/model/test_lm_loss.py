@@ -1,0 +1,117 @@
+"""The LM head fused with the cross entropy against the unfused reference: full logits, ``.float()``,
+``F.cross_entropy`` (what the trainer computed before), in loss and in every gradient; ignored
+labels; no fp32 logits of more than one chunk at a time; the model's ``forward(labels=...)``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from kerple.model.lm_loss import chunk_tokens_for, linear_cross_entropy
+from model_helpers import VOCAB, tiny_model
+
+
+def reference(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The unfused loss: ``[N, V]`` logits in the inputs' dtype, upcast to fp32, mean cross entropy."""
+    logits = F.linear(hidden, weight).float()
+    return F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=-100)
+
+
+def inputs(dtype: torch.dtype, tokens: int = 150, hidden: int = 24, vocab: int = 300, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    states = torch.randn(tokens, hidden, generator=generator).to(dtype).requires_grad_()
+    weight = (torch.randn(vocab, hidden, generator=generator) * 0.3).to(dtype).requires_grad_()
+    labels = torch.randint(0, vocab, (tokens,), generator=generator)
+    labels[::5] = -100
+    return states, weight, labels
+
+
+def loss_and_grads(function, states, weight, labels, scale: float = 1.0):
+    loss = function(states, weight, labels)
+    grads = torch.autograd.grad(loss * scale, (states, weight))
+    return loss, grads
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
+def test_fp32_equals_the_unfused_loss_and_gradients(chunk: int) -> None:
+    states, weight, labels = inputs(torch.float32)
+    expected, (grad_states, grad_weight) = loss_and_grads(reference, states, weight, labels, scale=2.5)
+    fused = lambda s, w, y: linear_cross_entropy(s, w, y, chunk_tokens=chunk)  # noqa: E731
+    loss, (fused_states, fused_weight) = loss_and_grads(fused, states, weight, labels, scale=2.5)
+    assert loss.dtype == torch.float32 and loss.shape == ()
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(fused_states, grad_states, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(fused_weight, grad_weight, rtol=1e-5, atol=1e-7)
+    assert fused_states[::5].abs().max() == 0  # ignored positions get no gradient
+
+
+def test_bf16_within_bf16_rounding_of_the_unfused_loss() -> None:
+    """bf16 inputs: logits in bf16, softmax in fp32 on both sides; the gradients differ by bf16
+    rounding (the weight's gradient is summed over chunks in fp32 instead of one bf16 product)."""
+    states, weight, labels = inputs(torch.bfloat16, tokens=200)
+    expected, (grad_states, grad_weight) = loss_and_grads(reference, states, weight, labels)
+    fused = lambda s, w, y: linear_cross_entropy(s, w, y, chunk_tokens=48)  # noqa: E731
+    loss, (fused_states, fused_weight) = loss_and_grads(fused, states, weight, labels)
+    assert fused_states.dtype == fused_weight.dtype == torch.bfloat16
+    torch.testing.assert_close(loss, expected, rtol=1e-3, atol=1e-3)
+    for fused_grad, grad in ((fused_states, grad_states), (fused_weight, grad_weight)):
+        error = (fused_grad.float() - grad.float()).abs().max() / grad.float().abs().max()
+        assert error < 2**-7, error
+
+
+def test_one_input_without_gradient_and_no_autograd() -> None:
+    states, weight, labels = inputs(torch.float32)
+    frozen = weight.detach()
+    expected = torch.autograd.grad(reference(states, frozen, labels), states)[0]
+    torch.testing.assert_close(torch.autograd.grad(linear_cross_entropy(states, frozen, labels, chunk_tokens=16),
+                                                   states)[0], expected, rtol=1e-5, atol=1e-7)
+    with torch.no_grad():
+        loss = linear_cross_entropy(states, weight, labels, chunk_tokens=16)
+    assert loss.grad_fn is None
+    torch.testing.assert_close(loss, reference(states, weight, labels).detach(), rtol=1e-6, atol=1e-6)
+
+
+def test_every_label_ignored_gives_zero_not_nan() -> None:
+    states, weight, labels = inputs(torch.float32)
+    loss = linear_cross_entropy(states, weight, torch.full_like(labels, -100))
+    assert loss.item() == 0.0
+
+
+def test_no_allocation_holds_more_than_one_chunk_of_logits() -> None:
+    """Forward and backward at 512 tokens x 2,000 words with chunks of 64: the largest single
+    allocation is one chunk's fp32 logits, an eighth of what the unfused loss allocates."""
+    tokens, vocab, chunk = 512, 2000, 64
+    states, weight, labels = inputs(torch.float32, tokens=tokens, hidden=16, vocab=vocab)
+
+    def largest_allocation(function) -> int:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            torch.autograd.grad(function(states, weight, labels), (states, weight))
+        return max(event.cpu_memory_usage for event in prof.events())
+
+    fused = largest_allocation(lambda s, w, y: linear_cross_entropy(s, w, y, chunk_tokens=chunk))
+    unfused = largest_allocation(reference)
+    assert unfused >= tokens * vocab * 4
+    assert fused <= chunk * vocab * 4 < unfused / 7
+
+
+def test_chunks_are_equal_and_within_the_budget() -> None:
+    assert chunk_tokens_for(16384, 50304) == 4096  # 1 GiB / (4 B x 50,304) = 5,336 at most: 4 chunks
+    assert chunk_tokens_for(512, 50304) == 512
+    assert chunk_tokens_for(100, 50304, budget=2**20) == 5 and chunk_tokens_for(3, 10**9) == 1
+    assert chunk_tokens_for(11, 10, budget=4 * 10 * 4) == 4  # at most 4: 3 chunks, of 4, 4 and 3
+
+
+def test_model_forward_with_labels_is_the_mean_cross_entropy_of_its_logits() -> None:
+    fused_model, plain_model = tiny_model("kerple_log"), tiny_model("kerple_log")
+    tokens = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(3))
+    labels = torch.roll(tokens, -1, dims=1)
+    labels[:, -1] = -100
+    fused = fused_model(tokens, labels=labels)
+    plain = F.cross_entropy(plain_model(tokens).float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+    torch.testing.assert_close(fused, plain, rtol=1e-6, atol=1e-6)
+    fused.backward()
+    plain.backward()
+    for (name, fused_param), (_, plain_param) in zip(fused_model.named_parameters(), plain_model.named_parameters()):
+        torch.testing.assert_close(fused_param.grad, plain_param.grad, rtol=1e-5, atol=1e-7, msg=name)

@@ -1,0 +1,92 @@
+"""The training step's host work: no synchronization per step, bf16 through MasterAdamW (the model
+in bf16, fp32 masters in the optimizer) with exact resume, the logged gradient norm."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.host_overhead import count_host_work
+from kerple.checkpoint import safe_torch_load
+from kerple.training.master_adamw import MasterAdamW
+from kerple.training.trainer import Trainer
+from tiny_run import corpus, parallel, tiny_config, train  # noqa: F401  (fixtures)
+
+BF16 = {"bf16": {"enabled": True}}
+
+
+def profiled_step(trainer: Trainer):
+    from torch.profiler import ProfilerActivity, profile
+
+    trainer.train_step()  # the optimizer's moments exist from here on
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loss = trainer.train_step()
+    return loss, count_host_work(prof.events(), steps=1)
+
+
+def test_a_step_does_not_wait_for_the_device(parallel, corpus: Path) -> None:  # noqa: F811
+    """fp32 and bf16, ZeRO 0, with gradient clipping and two micro-batches: the loss comes back as a
+    device tensor and nothing in the step reads a tensor on the host."""
+    for precision in ({}, BF16):
+        cfg = tiny_config(corpus, train_iters=4, gradient_accumulation_steps=2, **precision).resolve_batch(1)
+        trainer = Trainer(cfg, parallel)
+        try:
+            loss, counts = profiled_step(trainer)
+        finally:
+            trainer.close()
+        assert isinstance(loss, torch.Tensor) and loss.shape == () and loss.dtype == torch.float32
+        assert counts.syncs == 0, (precision, [op for op, _ in counts.top])
+
+
+def test_bf16_trains_fp32_masters_and_resumes_exactly(parallel, corpus: Path, tmp_path: Path) -> None:  # noqa: F811
+    common = dict(lr_decay_iters=8, **BF16)
+    cfg = tiny_config(corpus, train_iters=1, **common).resolve_batch(1)
+    trainer = Trainer(cfg, parallel)
+    try:
+        assert isinstance(trainer.optimizer, MasterAdamW)
+        assert {p.dtype for p in trainer.model.parameters()} == {torch.bfloat16}
+        assert {m.dtype for group in trainer.optimizer.param_groups for m in group["params"]} == {torch.float32}
+    finally:
+        trainer.close()
+
+    straight = train(tiny_config(corpus, train_iters=8, **common), parallel)
+    save = tmp_path / "ck"
+    first = train(tiny_config(corpus, train_iters=4, save=str(save), **common), parallel)
+    second = train(tiny_config(corpus, train_iters=8, save=str(save), load=str(save), **common), parallel)
+    assert [loss for _, loss in first.losses + second.losses] == [loss for _, loss in straight.losses]
+    assert straight.losses[-1][1] < straight.losses[0][1]
+
+    step4 = save / "global_step4"
+    layer = safe_torch_load(step4 / "layer_02-model_00-model_states.pt")
+    assert layer["attention.query_key_value.weight"].dtype == torch.bfloat16  # the layer files stay bf16
+    optimizer = safe_torch_load(step4 / "mp_rank_00_model_states.pt")["optimizer"]
+    masters = [m for group in optimizer["fp32_groups"] for m in group]
+    assert {m.dtype for m in masters} == {torch.float32}
+    rounded = [m for m in masters if m.shape == layer["attention.query_key_value.weight"].shape]
+    assert any(torch.equal(m.to(torch.bfloat16), layer["attention.query_key_value.weight"]) for m in rounded)
+
+
+def test_logged_gradient_norm_is_the_clipping_norm(parallel, corpus: Path, tmp_path: Path) -> None:  # noqa: F811
+    """The metrics' grad_norm is the global norm of the step's gradients before clipping, computed
+    here independently from the gradients a hook sees."""
+    cfg = tiny_config(corpus, train_iters=2, log_interval=1, log_dir=str(tmp_path / "logs")).resolve_batch(1)
+    trainer = Trainer(cfg, parallel)
+    seen: list[torch.Tensor] = []
+    step = trainer.optimizer.step
+
+    def recording_step(closure=None):
+        seen.append(torch.cat([p.grad.flatten() for group in trainer.optimizer.param_groups
+                               for p in group["params"] if p.grad is not None]).norm())
+        return step(closure)
+
+    trainer.optimizer.step = recording_step
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    logged = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    norms = [record["train/grad_norm"] for record in logged if "train/grad_norm" in record]
+    assert norms == pytest.approx([float(value) for value in seen], rel=1e-6) and len(norms) == 2
