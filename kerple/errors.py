@@ -114,3 +114,21 @@ def exit_on_interrupt(prog: str) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def children_ignore_interrupt() -> Iterator[None]:
+    """Child processes started inside ignore Ctrl-C (a process inherits an ignored SIGINT, and Python
+    keeps it ignored): the terminal's Ctrl-C reaches the whole process group, and a worker that
+    died of it printed its own traceback and could leave its parent waiting for a result forever.
+    The parent alone stops, and ends its workers. A Ctrl-C while the children are being started
+    (milliseconds) is lost. Outside the main thread it does nothing."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -4,7 +4,8 @@ A config key's number must be finite and inside the field's bounds (:func:`kerpl
 check_bounds`); the scripts under ``tools/`` and ``benchmarks/`` hold their numeric flags to the same
 rule through :func:`check_flags`: ``--lr nan`` or ``--steps 0`` is one line, ``prog: error: --lr nan:
 expected a finite number more than 0``, before any work and before the heavy imports (this module
-imports only the standard library). :func:`given_flags` tells the flags a user typed from those left
+imports only the standard library; :func:`heavy_imports` runs a script's checks before it loads torch).
+:func:`given_flags` tells the flags a user typed from those left
 at their defaults, so that an option that does not apply to what was asked (a task's option given
 to another task) is refused rather than ignored, and :func:`number_list` parses comma-separated
 numbers with the same checks.
@@ -13,12 +14,14 @@ numbers with the same checks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kerple.errors import UsageError
+from kerple.errors import INTERRUPTED_STATUS, USER_ERROR_STATUS, KerpleError, UsageError, exit_on_interrupt
 
 
 @dataclass(frozen=True)
@@ -147,3 +150,23 @@ def refuse_unused(given: Iterable[str], unused: Mapping[str, str]) -> None:
     for name in given:
         if name in unused:
             raise UsageError(f"--{name.replace('_', '-')}: {unused[name]}; drop it")
+
+
+@contextlib.contextmanager
+def heavy_imports(prog: str, check: Callable[[list[str]], object] | None) -> Iterator[None]:
+    """Around a script's slow imports (torch takes seconds, tens on a loaded machine): first
+    ``check(sys.argv[1:])``, the script's own light flag checks, so that a refused flag is one line,
+    ``prog: error: ...``, and exit status 2 without the wait; then the imports, during which Ctrl-C
+    ends the process at once with ``prog: interrupted`` and status 130 (nothing is written yet).
+    ``check`` is ``None`` where the file is imported rather than run (``__name__ != "__main__"``)."""
+    if check is not None:
+        try:
+            check(sys.argv[1:])
+        except KerpleError as error:
+            print(f"{prog}: error: {error}", file=sys.stderr)
+            raise SystemExit(USER_ERROR_STATUS) from None
+        except KeyboardInterrupt:
+            print(f"{prog}: interrupted", file=sys.stderr)
+            raise SystemExit(INTERRUPTED_STATUS) from None
+    with exit_on_interrupt(prog):
+        yield
