@@ -1,6 +1,6 @@
 """`make gpu-check`: prove the trainer on a CUDA GPU in one command and write gpu-report/.
 
-    python tools/gpu_check.py                    # every step; CUDA at full scale, else CPU at tiny scale
+    python tools/gpu_check.py                    # every step on the CUDA GPU (refused without one)
     python tools/gpu_check.py --steps 3,4        # some steps, merged into the existing report
     python tools/gpu_check.py --device cpu --output /tmp/report   # the harness's own CPU run
 

@@ -120,7 +120,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="one short lease: steps 1, 3, 4 at the 162M shape in bf16 for the key embeddings, "
                              "the most valuable first, 540 s in all")
     parser.add_argument("--steps", default="all", help="comma-separated step numbers (default: all, or 1,3,4 with --quick)")
-    parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
+                        help="auto: cuda, refused without a CUDA device; cpu: the harness's own test at tiny scale")
     parser.add_argument("--scale", default="auto", choices=("auto", *SCALES),
                         help="full (or quick) on CUDA, tiny (or tiny-quick: the harness's own test) on CPU")
     parser.add_argument("--output", type=Path, default=REPO / "gpu-report", help="report folder (report.json, report.md)")
@@ -134,7 +135,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.device == "auto":
         import torch
 
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if not torch.cuda.is_available():
+            built = "built without CUDA" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+            parser.exit(2, f"gpu_check.py: error: torch {torch.__version__} ({built}) sees no CUDA device: nothing was "
+                           "checked. Run it on a GPU machine; --device cpu runs the harness itself at tiny scale "
+                           "(its own test, not a check of this machine)\n")
+        args.device = "cuda"
     if args.scale == "auto":
         args.scale = ("quick" if args.quick else "full") if args.device == "cuda" else ("tiny-quick" if args.quick else "tiny")
     args.work = args.work or default_work(args.output)

@@ -138,3 +138,16 @@ def test_throughput_rows_of_frozen_positional_parameters_are_invalid(tmp_path: P
     assert rows[("none", "sdpa (auto)")] == "" and rows[("alibi", "sdpa (auto)")] == ""
     assert result.status == "failed" and "invalid (positional parameters did not train)" in result.reason
     assert "kerple_log sdpa (auto) (compile off)" in result.reason
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a CUDA device")
+def test_quick_without_a_gpu_says_nothing_was_checked(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--quick on a CPU machine ran the harness's CPU test and ended 'passed' with a 0.00 TFLOP/s peak."""
+    from benchmarks.gpu_check import runner
+
+    with pytest.raises(SystemExit) as stopped:
+        runner.main(["--quick", "--output", str(tmp_path / "report")])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "sees no CUDA device: nothing was checked" in err and err.count("\n") == 1
+    assert not (tmp_path / "report").exists()
