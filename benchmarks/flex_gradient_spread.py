@@ -34,15 +34,34 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention.flex_attention import flex_attention  # noqa: E402
+from kerple.errors import entry_point  # noqa: E402
+from kerple.flags import AT_LEAST_0, AT_LEAST_1, check_flags, heavy_imports, number_list, shape_flag  # noqa: E402
 
-from kerple.model.flex import distance_block_mask  # noqa: E402
-from kerple.model.flex_options import choose_configs, device_limits, kernel_options  # noqa: E402
-from kerple.positional.logit_term import (  # noqa: E402
-    ScorePosition, causal_distance, gathered_bytes, read_spread, spread,
-)
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The flags, checked (a bad one is refused before torch loads)."""
+    parser = argparse.ArgumentParser(prog="flex_gradient_spread.py", description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--shape", default="32,12,512,64", help="batch,heads,length,head_dim (default: 162M's)")
+    parser.add_argument("--widths", default="1,16,256", help="spread widths to time")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args(argv)
+    check_flags(args, {"--warmup": AT_LEAST_0, "--repeats": AT_LEAST_1})
+    args.shape = shape_flag("--shape", args.shape, ("batch", "heads", "length", "head_dim"))
+    args.widths = number_list("--widths", args.widths, AT_LEAST_1)
+    return args
+
+
+with heavy_imports("flex_gradient_spread.py", parse_args if __name__ == "__main__" else None):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from kerple.model.flex import distance_block_mask
+    from kerple.model.flex_options import choose_configs, device_limits, kernel_options
+    from kerple.positional.logit_term import (
+        ScorePosition, causal_distance, gathered_bytes, read_spread, spread,
+    )
 
 
 def kerple_log(r1: torch.Tensor, r2: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
@@ -115,18 +134,13 @@ def variants(shape: list[int], widths: list[int]) -> dict[str, Callable[[], None
     return table
 
 
+@entry_point("flex_gradient_spread.py")
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--shape", default="32,12,512,64", help="batch,heads,length,head_dim (default: 162M's)")
-    parser.add_argument("--widths", default="1,16,256", help="spread widths to time")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=10)
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     if not torch.cuda.is_available():
-        print("flex_gradient_spread.py: FlexAttention has no backward on a CPU; run it on a CUDA GPU", file=sys.stderr)
+        print("flex_gradient_spread.py: error: FlexAttention has no backward on a CPU; run it on a CUDA GPU", file=sys.stderr)
         return 2
-    shape = [int(part) for part in args.shape.split(",")]
-    widths = [int(part) for part in args.widths.split(",")]
+    shape, widths = args.shape, args.widths
     print(f"{torch.cuda.get_device_name()}, bf16, shape {shape}: forward + backward, median of {args.repeats}")
     baseline = None
     for name, run in variants(shape, widths).items():

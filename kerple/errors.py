@@ -150,3 +150,13 @@ def children_ignore_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def future_result(future: Any) -> Any:
+    """``future.result()`` of a ``concurrent.futures`` future, waited for in short slices: a wait
+    without a timeout is not interrupted by Ctrl-C when the signal reaches another thread."""
+    import concurrent.futures
+
+    while not future.done():
+        concurrent.futures.wait([future], timeout=0.2)
+    return future.result()

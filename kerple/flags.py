@@ -109,12 +109,31 @@ def number_list(flag: str, text: str, bounds: Bounds, kind: Callable[[str], Any]
         except ValueError:
             raise UsageError(f"{flag} {text!r}: {word!r} is not one of the {listed} {name} "
                              f"expected, e.g. {_example(bounds, kind)}") from None
-        try:
-            check_number(flag, value, bounds)
-        except UsageError as error:
-            raise UsageError(f"{flag} {text!r}: {str(error).split(': ', 1)[1]} ({word})") from None
+        if not (math.isfinite(value) and bounds.holds(value)):
+            finite = "" if math.isfinite(value) else "a finite number "
+            raise UsageError(f"{flag} {text!r}: every entry must be {finite}{bounds.describe()}, got {word}")
         values.append(value)
     return values
+
+
+def shape_flag(flag: str, text: str, names: Sequence[str]) -> list[int]:
+    """``"4,4,512,32"`` -> ``[4, 4, 512, 32]``: one positive integer for each of ``names``."""
+    values = number_list(flag, text, AT_LEAST_1)
+    if len(values) != len(names):
+        raise UsageError(f"{flag} {text!r}: expected {len(names)} positive integers, {','.join(names)}")
+    return values
+
+
+def name_list(flag: str, text: str, choices: Sequence[str]) -> list[str]:
+    """``"eager,sdpa"`` -> ``["eager", "sdpa"]``: at least one name, each among ``choices``, each once."""
+    names = [name.strip() for name in str(text).split(",") if name.strip()]
+    if not names:
+        raise UsageError(f"{flag} {text!r}: name at least one of {', '.join(choices)}")
+    for name in names:
+        if name not in choices:
+            raise UsageError(f"{flag}: {name!r} is not one of {', '.join(choices)}")
+    check_unique(flag, names)
+    return names
 
 
 def _example(bounds: Bounds, kind: Callable[[str], Any]) -> str:

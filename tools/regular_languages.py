@@ -19,7 +19,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from kerple import atomic
@@ -27,7 +26,7 @@ from kerple.errors import KerpleError, UsageError, entry_point, exit_on_interrup
 from kerple.flags import AT_LEAST_0, AT_LEAST_1, POSITIVE, PROBABILITY, Bounds, check_flags, check_not_more, \
     check_unique, given_flags, refuse_unused
 from kerple.outputs import check_output_file
-from kerple.regular_languages.settings import ARCH_NAMES, PADDINGS, RunSettings
+from kerple.regular_languages.settings import ARCH_NAMES, PADDINGS, RunSettings, resume_conflict
 from kerple.regular_languages.tasks import TASKS, Task, get_task
 
 # --table61: every task of Table 6.1, RegularGPT C = 2 against the transformer, 3 seeds, the default
@@ -168,19 +167,12 @@ def earlier_results(output: Path, resume: bool) -> list[dict]:
 def check_resumable(results: list[dict], settings: RunSettings, args: argparse.Namespace, output: Path) -> None:
     """Refuse to resume ``output`` when its runs used other settings or test lengths than this call's:
     its records would stand in the table for runs that were never made with these settings."""
-    now = asdict(settings)
     for record in results:
-        before = record.get("settings", {})
-        changed = [key for key in before if key in now and before[key] != now[key]]
-        lengths = [int(length) for length in record.get("accuracy", {})]
-        if record["task"] in args.task and not changed:
-            wanted = parse_lengths(args.test_lengths, get_task(record["task"]))
-            if lengths != wanted:
-                changed.append(f"test lengths {lengths[0]}-{lengths[-1]} ({len(lengths)})")
-        if changed:
-            what = ", ".join(f"{key} {before[key]!r} (now {now[key]!r})" if key in now else key for key in changed)
-            raise UsageError(f"--resume: {output} holds {record['task']} {record['arch']} seed {record['seed']} run "
-                             f"with {what}; resume with the same flags, or write to another --output")
+        lengths = parse_lengths(args.test_lengths, get_task(record["task"])) if record["task"] in args.task else None
+        conflict = resume_conflict(record, settings, lengths)
+        if conflict:
+            raise UsageError(f"--resume: {output} holds {conflict}; resume with the same flags, or write to another "
+                             "--output")
 
 
 def run_settings(args: argparse.Namespace) -> RunSettings:

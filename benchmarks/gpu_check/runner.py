@@ -132,6 +132,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--in-process", action="store_true", help="run the steps in this process")
     parser.add_argument("--worker-step", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    for flag in ("--budget", "--total-budget"):  # seconds: finite, more than 0
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and not 0 < value < float("inf"):
+            parser.error(f"{flag} {value}: expected a finite number of seconds more than 0")
     if args.device == "auto":
         import torch
 

@@ -7,7 +7,8 @@ fraction of a second.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 ARCH_NAMES: tuple[str, ...] = ("regulargpt", "transformer", "rnn")
 """The models a run can train: RegularGPT, a GPT-NeoX decoder with a relative embedding, an LSTM."""
@@ -42,3 +43,17 @@ class RunSettings:
 
 
 STOP_WINDOW = 100
+
+
+def resume_conflict(record: dict[str, Any], settings: RunSettings, lengths: list[int] | None) -> str | None:
+    """Why an earlier run's ``record`` cannot stand for a run with ``settings`` tested on ``lengths``
+    (``None``: not compared): the settings that differ, or the test lengths; ``None`` when it can."""
+    now = asdict(settings)
+    before = record.get("settings", {})
+    changed = [f"{key} {before[key]!r} (now {now[key]!r})" for key in before if key in now and before[key] != now[key]]
+    tested = [int(length) for length in record.get("accuracy", {})]
+    if lengths is not None and tested and tested != lengths:
+        changed.append(f"test lengths {tested[0]}-{tested[-1]} ({len(tested)})")
+    if not changed:
+        return None
+    return f"{record['task']} {record.get('arch', 'regulargpt')} seed {record['seed']} run with {', '.join(changed)}"

@@ -149,8 +149,9 @@ def test_seeds_benchmark_counts_the_seeds_at_the_threshold(tmp_path: Path, monke
     accuracy = {100: 0.99, 101: 0.94, 102: 0.95}  # seed 101 is short of 95%
 
     def fake_seed(name, seed, lengths, threads):
-        return {"task": name, "seed": seed, "steps": 10 * seed, "train_seconds": 1.0, "test_seconds": 2.0,
-                "train_length_accuracy": 1.0, "mean_accuracy": accuracy[seed]}
+        return {"task": name, "arch": "regulargpt", "seed": seed, "steps": 10 * seed, "train_seconds": 1.0,
+                "test_seconds": 2.0, "train_length_accuracy": 1.0, "mean_accuracy": accuracy[seed],
+                "accuracy": {str(length): accuracy[seed] for length in lengths}}
 
     monkeypatch.setattr(bench, "one_seed", fake_seed)
     output = tmp_path / "seeds.json"
@@ -159,7 +160,14 @@ def test_seeds_benchmark_counts_the_seeds_at_the_threshold(tmp_path: Path, monke
     assert bench.main(["--seeds", "3", "--expect", "3", "--output", str(output), "--resume"]) == 1  # nothing re-run
     assert [r["seed"] for r in json.loads(output.read_text())["results"]] == [100, 101, 102]
     with pytest.raises(SystemExit):
-        bench.main(["--jobs", "0"])
+        bench.main(["--task", "nope"])
+    assert bench.main(["--jobs", "0"]) == 2
+    assert "--jobs 0: expected at least 1" in capsys.readouterr().err
+    assert bench.main(["--seeds", "3", "--expect", "4"]) == 2  # could never pass
+    assert "--expect 4 is more than --seeds 3" in capsys.readouterr().err
+    assert bench.main(["--threshold", "nan"]) == 2
+    assert bench.main(["--seeds", "3", "--every", "2", "--output", str(output), "--resume"]) == 2
+    assert "holds parity_check regulargpt seed 100 run with test lengths 41-500 (460)" in capsys.readouterr().err
 
 
 def fake_record(task, arch, seed, settings, lengths, progress=False) -> dict:
