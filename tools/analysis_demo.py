@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kerple.analysis.errors import AnalysisError  # noqa: E402
-from kerple.errors import entry_point  # noqa: E402
+from kerple.errors import entry_point, future_result  # noqa: E402
 from kerple.flags import AT_LEAST_1, check_flags  # noqa: E402
 
 ALIGNED = ("kerple_log", "alibi", "rpe")
@@ -235,7 +235,7 @@ def table41(demo: Any, args: argparse.Namespace, data: Any, out: Path, length: i
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
             for future in [pool.submit(runner.run, v, [[sys.executable, "train.py", *words[v]]]) for v in todo]:
-                future.result()
+                future_result(future)
     finally:
         runner.close()
     lengths = [args.train_length * f for f in (1, 2, 4, 8) if args.train_length * f <= length]

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))  # demo_extension, also when this file is imported
 
-from kerple.errors import KerpleError, UsageError, entry_point  # noqa: E402
+from kerple.errors import KerpleError, UsageError, entry_point, future_result  # noqa: E402
 from kerple.flags import AT_LEAST_1, POSITIVE, Bounds, check_flags, check_unique  # noqa: E402
 from demo_extension import merge_zero_shot, zero_shot_commands  # noqa: E402
 
@@ -296,7 +296,9 @@ class Runner:
                         done = int(match.group(1))
                     if match or line.startswith(("L=", "validation", "training finished", "wrote")):
                         self.bar.write(f"[{name}] {line}")
-            if process.wait() != 0:
+            if process.wait() in (130, -2):  # stopped by the Ctrl-C that also reaches this process
+                raise KeyboardInterrupt
+            if process.returncode != 0:
                 raise StepFailed(failure(name, command, process.returncode, tail))
 
     def close(self) -> None:
@@ -377,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             for future in [pool.submit(runner.run, n, commands_for(n, args, data)) for n in names]:
-                future.result()
+                future_result(future)
     finally:
         runner.close()
     trained = time.perf_counter()

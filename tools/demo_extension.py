@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kerple.errors import entry_point  # noqa: E402
+from kerple.errors import entry_point, future_result  # noqa: E402
 from kerple.flags import AT_LEAST_1, POSITIVE, Bounds, check_flags, check_unique, number_list  # noqa: E402
 
 ZERO_SHOT_TYPES = ("linear", "dynamic", "yarn")  # PI, dynamic NTK, YaRN
@@ -215,14 +215,14 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(max_workers=demo_args.jobs) as pool:
             for future in [pool.submit(runner.run, name, demo.commands_for(name, demo_args, data)) for name in bases
                            if not demo.finished(ROOT / demo_args.runs / name, demo_args.steps)]:
-                future.result()
+                future_result(future)
             before = [pool.submit(runner.run, f"{name} before", [before_command(name, pos_emb, rope_type, args, demo_args, data)])
                       for name, pos_emb, rope_type in FINETUNED]
             for future in before:
-                future.result()
+                future_result(future)
             jobs = {name: pool.submit(run_one, name, pos_emb, rope_type, args, demo_args, data, runner)
                     for name, pos_emb, rope_type in FINETUNED}
-            seconds = {name: job.result() for name, job in jobs.items()}
+            seconds = {name: future_result(job) for name, job in jobs.items()}
     finally:
         runner.close()
     text = table(args, demo_args, seconds)

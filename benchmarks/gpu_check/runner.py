@@ -27,6 +27,7 @@ from benchmarks.gpu_check import STEP_MODULES
 from benchmarks.gpu_check import report as reports
 from benchmarks.gpu_check.context import KILL_GRACE_S, REPO, SCALES, Skip, StepContext
 from benchmarks.gpu_check.report import StepResult
+from kerple.errors import entry_point
 
 WORK = Path(tempfile.gettempdir()) / "kerple-gpu-check"  # scratch: never inside the report folder
 SITE = Path(tempfile.gettempdir()) / "kerple-gpu-site"  # distributions installed from .whl/
@@ -88,6 +89,10 @@ def run_step_isolated(number: int, args: argparse.Namespace, budget: float) -> S
         os.killpg(child.pid, signal.SIGKILL)  # the child's own session: it and what it started
         child.wait()
         killed = True
+    except KeyboardInterrupt:  # the child, in its own session, did not get the Ctrl-C: end it too
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        raise
     try:
         result = StepResult.from_dict(json.loads(result_file.read_text()))
     except (OSError, ValueError):
@@ -177,6 +182,7 @@ def install_wheels(site: Path = SITE) -> list[str]:
     return notes
 
 
+@entry_point("gpu_check.py")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # DeepSpeed picks its accelerator from this variable (the Makefile defaults it to cpu); child
