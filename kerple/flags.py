@@ -3,12 +3,12 @@
 A config key's number must be finite and inside the field's bounds (:func:`kerple.config.fields.
 check_bounds`); the scripts under ``tools/`` and ``benchmarks/`` hold their numeric flags to the same
 rule through :func:`check_flags`: ``--lr nan`` or ``--steps 0`` is one line, ``prog: error: --lr nan:
-expected a finite number more than 0``, before any work and before the heavy imports (this module
-imports only the standard library; :func:`heavy_imports` runs a script's checks before it loads torch).
-:func:`given_flags` tells the flags a user typed from those left
-at their defaults, so that an option that does not apply to what was asked (a task's option given
-to another task) is refused rather than ignored, and :func:`number_list` parses comma-separated
-numbers with the same checks.
+expected a finite number more than 0``, and exit status 2, before any work. The other helpers:
+:func:`check_not_more` (one flag against another: a warm-up longer than the training),
+:func:`number_list`, :func:`shape_flag` and :func:`name_list` (comma-separated values, each checked),
+:func:`check_unique` (the same task twice), :func:`given_flags` and :func:`refuse_unused` (an option
+typed for what the command does not run is refused, not ignored), and :func:`heavy_imports`, which
+runs a script's checks before it loads torch. This module imports only the standard library.
 """
 
 from __future__ import annotations

@@ -156,7 +156,10 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
 
 def earlier_results(output: Path, resume: bool) -> list[dict]:
     """The records ``output`` already holds when resuming (none otherwise, or when it does not exist)."""
-    if not resume or not output.is_file():
+    if not resume:
+        return []
+    if not output.is_file():
+        print(f"--resume: {output} does not exist yet; every run is made", file=sys.stderr)
         return []
     try:
         return list(json.loads(output.read_text())["results"])
