@@ -5,6 +5,7 @@ first to ``/dev/full``, which fails every write with ENOSPC the way a full file 
 from __future__ import annotations
 
 import errno
+import io
 import os
 from pathlib import Path
 
@@ -89,13 +90,25 @@ def test_any_command_reports_a_full_disk_in_one_line(capsys: pytest.CaptureFixtu
         other()
 
 
+class FillingFile(io.FileIO):
+    """A file on a disk with ``ROOM`` bytes left: a write past them fails with ENOSPC."""
+
+    ROOM = 600_000
+
+    def write(self, data: bytes) -> int:
+        if self.tell() + memoryview(data).nbytes > self.ROOM:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(data)
+
+
 def test_torch_save_atomic_raises_the_write_error_of_a_full_disk(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch's zip writer turned ENOSPC into 'RuntimeError: ... unexpected pos'."""
+    """The disk filling up in the middle of a tensor: torch's zip writer raised 'RuntimeError: [enforce
+    fail at inline_container.cc] unexpected pos', and the save was not reported as a full disk."""
     import torch
 
-    monkeypatch.setattr(atomic, "open", lambda path, mode="r": open("/dev/full", mode), raising=False)
+    monkeypatch.setattr(atomic, "open", lambda path, mode="r": FillingFile(path, mode), raising=False)
     with pytest.raises(OSError) as raised:
-        atomic.torch_save_atomic({"w": torch.zeros(100_000)}, tmp_path / "w.pt")
+        atomic.torch_save_atomic({"w": torch.zeros(1_000_000)}, tmp_path / "w.pt")
     assert raised.value.errno == errno.ENOSPC
     assert list(tmp_path.iterdir()) == []
