@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import sys
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from kerple import atomic
@@ -84,17 +84,13 @@ def seed_results(jobs: list[tuple[str, int]], args: argparse.Namespace) -> Itera
         for name, seed in jobs:
             yield one_seed(name, seed, test_lengths(name, args.every), args.threads)
         return
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        with children_ignore_interrupt():  # the workers start here; Ctrl-C stops this process, which ends them
-            futures = [pool.submit(one_seed, name, seed, test_lengths(name, args.every), args.threads)
-                       for name, seed in jobs]
-        try:
-            for future in futures:
-                yield future_result(future)
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
+    with children_ignore_interrupt():  # the workers start here; Ctrl-C stops this process, which ends them
+        pool = multiprocessing.get_context("spawn").Pool(args.jobs)
+    with pool:  # leaving it (a result, an error, Ctrl-C) terminates the workers
+        handles = [pool.apply_async(one_seed, (name, seed, test_lengths(name, args.every), args.threads))
+                   for name, seed in jobs]
+        for handle in handles:
+            yield future_result(handle)
 
 
 def row(record: dict, threshold: float) -> str:

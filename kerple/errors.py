@@ -134,6 +134,17 @@ def exit_on_interrupt(prog: str) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def load_modules(prog: str, *names: str) -> None:
+    """Import ``names`` under :func:`exit_on_interrupt`: a command that imports torch lazily, in the
+    middle of its ``main``, loads it first where Ctrl-C ends the process at once (a Ctrl-C inside
+    torch's import was swallowed by a library, or left numpy half-loaded and ended in an ImportError)."""
+    import importlib
+
+    with exit_on_interrupt(prog):
+        for name in names:
+            importlib.import_module(name)
+
+
 @contextlib.contextmanager
 def children_ignore_interrupt() -> Iterator[None]:
     """Child processes started inside ignore Ctrl-C (a process inherits an ignored SIGINT, and Python
@@ -153,10 +164,15 @@ def children_ignore_interrupt() -> Iterator[None]:
 
 
 def future_result(future: Any) -> Any:
-    """``future.result()`` of a ``concurrent.futures`` future, waited for in short slices: a wait
-    without a timeout is not interrupted by Ctrl-C when the signal reaches another thread."""
+    """The result of a ``concurrent.futures`` future or a ``multiprocessing`` ``AsyncResult``, waited
+    for in short slices: a wait without a timeout is not interrupted by Ctrl-C when the signal reaches
+    another thread, and the command would wait for its workers forever."""
     import concurrent.futures
 
+    if hasattr(future, "ready"):  # multiprocessing.pool.AsyncResult
+        while not future.ready():
+            future.wait(0.2)
+        return future.get()
     while not future.done():
         concurrent.futures.wait([future], timeout=0.2)
     return future.result()

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kerple.analysis.errors import AnalysisError  # noqa: E402
-from kerple.errors import entry_point, future_result  # noqa: E402
+from kerple.errors import entry_point, future_result, load_modules  # noqa: E402
 from kerple.flags import AT_LEAST_1, check_flags  # noqa: E402
 
 ALIGNED = ("kerple_log", "alibi", "rpe")
@@ -262,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     from kerple.atomic import write_json_atomic, write_text_atomic
 
     options, demo_argv = parse_args(argv)
+    load_modules("analysis_demo.py", "kerple.checkpoint.files", "kerple.config", "tokenizers")  # Ctrl-C: at once
     started = time.perf_counter()
     demo = demo_module()
     args, data, names = demo_setup(demo, demo_argv)

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))  # demo_extension, also when this file is imported
 
-from kerple.errors import KerpleError, UsageError, entry_point, future_result  # noqa: E402
+from kerple.errors import KerpleError, UsageError, entry_point, future_result, load_modules  # noqa: E402
 from kerple.flags import AT_LEAST_1, POSITIVE, Bounds, check_flags, check_unique  # noqa: E402
 from demo_extension import merge_zero_shot, zero_shot_commands  # noqa: E402
 
@@ -361,6 +361,7 @@ def qualitative_check(args: argparse.Namespace, names: list[str]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
+    load_modules("demo.py", "torch", "kerple.checkpoint.files", "kerple.config")  # before any work: Ctrl-C stops at once
     names = args.names
     threads = max(1, (os.cpu_count() or 2) // max(1, args.jobs))
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))

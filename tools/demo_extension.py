@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kerple.errors import entry_point, future_result  # noqa: E402
+from kerple.errors import entry_point, future_result, load_modules  # noqa: E402
 from kerple.flags import AT_LEAST_1, POSITIVE, Bounds, check_flags, check_unique, number_list  # noqa: E402
 
 ZERO_SHOT_TYPES = ("linear", "dynamic", "yarn")  # PI, dynamic NTK, YaRN
@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args, demo_argv = parse_args(argv)
     demo_args = demo.parse_args(demo_argv)
+    load_modules("demo_extension.py", "kerple.checkpoint.files", "kerple.config")  # before any work: Ctrl-C stops at once
     started = time.perf_counter()
     data = demo.prepare_data(demo_args)
     bases = sorted({pos_emb for _, pos_emb, _ in FINETUNED})

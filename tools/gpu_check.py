@@ -15,7 +15,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.gpu_check.runner import main  # noqa: E402
+from kerple.errors import exit_on_interrupt  # noqa: E402
+
+with exit_on_interrupt("gpu_check.py"):  # Ctrl-C while the modules load: one line, status 130
+    from benchmarks.gpu_check.runner import main
 
 if __name__ == "__main__":
     sys.exit(main())

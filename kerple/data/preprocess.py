@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from kerple.data.errors import DataError
-from kerple.errors import children_ignore_interrupt, entry_point, exit_on_interrupt
+from kerple.errors import children_ignore_interrupt, entry_point, exit_on_interrupt, future_result
 from kerple.outputs import check_output_folder
 from kerple.progress import progress_bar
 from kerple.data.gpt2_dataset import split_boundaries
@@ -152,18 +152,10 @@ def _encoded(batches: Iterable[tuple[str, list[str]]], tokenizer: Tokenizer, wor
             pending.append((name, sum(map(len, batch)), pool.apply_async(_encode_batch, (batch,))))
             if len(pending) >= 2 * workers:
                 part, characters, handle = pending.popleft()
-                yield (part, characters, *_result(handle))
+                yield (part, characters, *future_result(handle))
         while pending:
             part, characters, handle = pending.popleft()
-            yield (part, characters, *_result(handle))
-
-
-def _result(handle: Any) -> Any:
-    """A worker's result; waits in short slices, because a wait without a timeout is not interrupted
-    by Ctrl-C (the signal may reach another thread and never wake this one)."""
-    while not handle.ready():
-        handle.wait(0.2)
-    return handle.get()
+            yield (part, characters, *future_result(handle))
 
 
 def tokenize_corpus(corpus: Corpus, tokenizer: Tokenizer, prefix: str | Path, workers: int = 1,
