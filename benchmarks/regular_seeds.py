@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import multiprocessing
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,13 +85,19 @@ def seed_results(jobs: list[tuple[str, int]], args: argparse.Namespace) -> Itera
         for name, seed in jobs:
             yield one_seed(name, seed, test_lengths(name, args.every), args.threads)
         return
+    # workers ended by Ctrl-C leave the semaphores of their progress bars to multiprocessing's tracker,
+    # which frees them and would warn about it under the "interrupted" line
+    os.environ.setdefault("PYTHONWARNINGS", "ignore:resource_tracker:UserWarning")
     with children_ignore_interrupt():  # the workers start here; Ctrl-C stops this process, which ends them
         pool = multiprocessing.get_context("spawn").Pool(args.jobs)
-    with pool:  # leaving it (a result, an error, Ctrl-C) terminates the workers
+    try:
         handles = [pool.apply_async(one_seed, (name, seed, test_lengths(name, args.every), args.threads))
                    for name, seed in jobs]
         for handle in handles:
             yield future_result(handle)
+    finally:  # a result, an error or Ctrl-C: the workers end, and their queues are released
+        pool.terminate()
+        pool.join()
 
 
 def row(record: dict, threshold: float) -> str:

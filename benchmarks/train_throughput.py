@@ -64,14 +64,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
+from kerple.errors import entry_point, exit_on_interrupt  # noqa: E402
 
-from kerple.errors import entry_point  # noqa: E402
+with exit_on_interrupt("train_throughput.py"):  # Ctrl-C while torch loads: one line, status 130
+    import numpy as np
+    import torch
 from kerple.flags import AT_LEAST_0, AT_LEAST_1, check_flags, check_unique  # noqa: E402
 
 
