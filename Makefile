@@ -30,7 +30,8 @@ demo: $(STAMP)
 	$(PY) tools/demo.py
 
 # PI and YaRN fine-tuned at 4x the train length beside KERPLE-log, ALiBi and rotary given the same steps
-# (docs/context-extension.md); trains the demo's base models first when they are missing
+# (docs/context-extension.md); first trains the demo's base models that are missing or unfinished (a run
+# trained for other steps or with another config is moved aside to <name>.stale-<time> and trained again)
 demo-extension: $(STAMP)
 	$(PY) tools/demo_extension.py $(EXTENSION_ARGS)
 

@@ -12,7 +12,10 @@ Configs and --load as for evaluate.py (key=value arguments override config keys)
 
 import sys
 
-from kerple.analysis.cli import main
+from kerple.errors import exit_on_interrupt
+
+with exit_on_interrupt("analyze.py"):  # Ctrl-C while the modules load: one line, status 130
+    from kerple.analysis.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

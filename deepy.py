@@ -11,7 +11,10 @@ kerple/training/cli.py.
 
 import sys
 
-from kerple.training.cli import deepy_main
+from kerple.errors import exit_on_interrupt
+
+with exit_on_interrupt("deepy.py"):  # Ctrl-C while the modules load: one line, status 130
+    from kerple.training.cli import deepy_main
 
 if __name__ == "__main__":
     sys.exit(deepy_main(sys.argv[1:]))

@@ -12,7 +12,10 @@ key=value arguments override config keys as for train.py. See kerple/evaluation/
 
 import sys
 
-from kerple.evaluation.cli import main
+from kerple.evaluation.arguments import check_command_line
+from kerple.flags import heavy_imports
 
 if __name__ == "__main__":
+    with heavy_imports("evaluate.py", check_command_line):  # a refused flag waits for no import
+        from kerple.evaluation.cli import main
     sys.exit(main(sys.argv[1:]))

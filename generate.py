@@ -10,7 +10,10 @@ Face exports of tools/convert_checkpoint.py. See kerple/inference/generate.py.
 
 import sys
 
-from kerple.inference.generate import main
+from kerple.flags import heavy_imports
+from kerple.generate_arguments import check_command_line
 
 if __name__ == "__main__":
+    with heavy_imports("generate.py", check_command_line):  # a refused flag waits for no import
+        from kerple.inference.generate import main
     sys.exit(main())

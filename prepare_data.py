@@ -10,7 +10,10 @@ held-out split) and prints the config lines that use it. See kerple/data/preproc
 
 import sys
 
-from kerple.data.preprocess import main
+from kerple.errors import exit_on_interrupt
+
+with exit_on_interrupt("prepare_data.py"):  # Ctrl-C while the modules load: one line, status 130
+    from kerple.data.preprocess import main
 
 if __name__ == "__main__":
     sys.exit(main())

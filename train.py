@@ -10,7 +10,10 @@ when there is no CUDA). For several ranks use deepy.py. See kerple/training/cli.
 
 import sys
 
-from kerple.training.cli import train_main
+from kerple.errors import exit_on_interrupt
+
+with exit_on_interrupt("train.py"):  # Ctrl-C while the modules load: one line, status 130
+    from kerple.training.cli import train_main
 
 if __name__ == "__main__":
     sys.exit(train_main(sys.argv[1:]))

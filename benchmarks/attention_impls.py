@@ -12,14 +12,39 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
-import torch
-import torch.nn.functional as F
+from kerple.errors import entry_point
+from kerple.flags import AT_LEAST_1, check_flags, heavy_imports, name_list, number_list
 
-from kerple import positional
-from kerple.model import GPTModel, unsupported_reason
-from kerple.runs import parse_lengths, resolve_device
+IMPLS = ("eager", "sdpa", "flex")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The flags, checked (a bad one is refused before torch loads)."""
+    parser = argparse.ArgumentParser(prog="attention_impls.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", default="512,2048")
+    parser.add_argument("--pos-emb", default="kerple_log")
+    parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    args = parser.parse_args(argv)
+    check_flags(args, {"--repeats": AT_LEAST_1})
+    args.lengths = number_list("--lengths", args.lengths, AT_LEAST_1)
+    args.impls = name_list("--impls", args.impls, IMPLS)
+    return args
+
+
+with heavy_imports("attention_impls.py", parse_args if __name__ == "__main__" else None):
+    import torch
+    import torch.nn.functional as F
+
+    from kerple import positional
+    from kerple.errors import UsageError
+    from kerple.model import GPTModel, unsupported_reason
+    from kerple.runs import resolve_device
 
 
 def _model(name: str, impl: str, device: torch.device) -> GPTModel:
@@ -67,28 +92,27 @@ def measure(name: str, impl: str, length: int, repeats: int, device: torch.devic
     return _time(forward_step, repeats, device)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", default="512,2048")
-    parser.add_argument("--pos-emb", default="kerple_log")
-    parser.add_argument("--impls", default="eager,sdpa,flex")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
-    args = parser.parse_args()
+@entry_point("attention_impls.py")
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.pos_emb not in (*positional.names(), *positional.aliases()):
+        raise UsageError(f"--pos-emb {args.pos_emb}: not an embedding of the registry; choose one of "
+                         f"{', '.join(positional.names())}")
     device = resolve_device(args.device)
-    lengths = parse_lengths(args.lengths, "--lengths")
+    lengths = args.lengths
     print(f"device={device} torch={torch.__version__} threads={torch.get_num_threads()} pos_emb={args.pos_emb}")
     print("model: 2 layers, h=128, 4 heads, vocab 512, batch 1, fp32")
     print("| impl | mode | " + " | ".join(f"{length} tok (s)" for length in lengths) + " |")
     print("|---|---|" + "---|" * len(lengths))
-    for impl in args.impls.split(","):
+    for impl in args.impls:
         for mode, training in (("fwd", False), ("fwd+bwd", True)):
             cells = []
             for length in lengths:
                 seconds = measure(args.pos_emb, impl, length, args.repeats, device, training)
                 cells.append("unsupported" if seconds is None else f"{seconds:.3f}")
             print(f"| {impl} | {mode} | " + " | ".join(cells) + " |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

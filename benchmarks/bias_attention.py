@@ -30,11 +30,31 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+from kerple.errors import entry_point  # noqa: E402
+from kerple.flags import AT_LEAST_1, check_flags, heavy_imports, number_list, shape_flag  # noqa: E402
 
-from kerple.model import sdpa_cpu  # noqa: E402
-from kerple.positional.base import causal_distances, diagonal_gather, diagonal_sums  # noqa: E402
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The flags, checked (a bad one is refused before torch loads)."""
+    parser = argparse.ArgumentParser(prog="bias_attention.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="4,4,512,32", help="batch,heads,length,head_dim")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: PyTorch's)")
+    parser.add_argument("--blocks", help="BACKWARD_BLOCK values to time (default: sdpa_cpu's own)")
+    args = parser.parse_args(argv)
+    check_flags(args, {"--rounds": AT_LEAST_1, "--threads": AT_LEAST_1})
+    args.shape_values = shape_flag("--shape", args.shape, ("batch", "heads", "length", "head_dim"))
+    args.block_values = None if args.blocks is None else number_list("--blocks", args.blocks, AT_LEAST_1)
+    return args
+
+
+with heavy_imports("bias_attention.py", parse_args if __name__ == "__main__" else None):
+    import torch
+    import torch.nn.functional as F
+
+    from kerple.model import sdpa_cpu
+    from kerple.positional.base import causal_distances, diagonal_gather, diagonal_sums
 
 
 def _variants(shape: list[int], blocks: list[int]) -> dict[str, Callable[[], None]]:
@@ -80,17 +100,13 @@ def _variants(shape: list[int], blocks: list[int]) -> dict[str, Callable[[], Non
     return variants
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="4,4,512,32", help="batch,heads,length,head_dim")
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: PyTorch's)")
-    parser.add_argument("--blocks", default=str(sdpa_cpu.BACKWARD_BLOCK), help="BACKWARD_BLOCK values to time")
-    args = parser.parse_args(argv)
+@entry_point("bias_attention.py")
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     default_block = sdpa_cpu.BACKWARD_BLOCK
-    variants = _variants([int(x) for x in args.shape.split(",")], [int(x) for x in args.blocks.split(",")])
+    variants = _variants(args.shape_values, args.block_values or [default_block])
     times: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     for round_index in range(args.rounds + 1):  # round 0 warms up
@@ -108,7 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         median = statistics.median(times[name])
         print(f"| {name} | {median * 1e3:.2f} | {median / base:.2f} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -39,6 +39,8 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kerple.errors import entry_point  # noqa: E402
+
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -160,6 +162,7 @@ def timed(variants: dict[str, Variant], rounds: int, device: torch.device) -> di
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+@entry_point("bias_gradient.py")
 def main(argv: list[str] | None = None) -> int:
     cuda = torch.cuda.is_available()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

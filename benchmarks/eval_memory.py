@@ -42,14 +42,45 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from kerple.runs import parse_lengths, resolve_device
+from kerple.errors import UsageError, entry_point
+from kerple.flags import AT_LEAST_1, POSITIVE, check_flags, heavy_imports, name_list, number_list
 
 IMPLS = ("eager", "sdpa", "flex")
 LENGTHS = (512, 2048, 8192, 16384, 32768, 65536)
 FIT_EXTRA_LENGTHS = (4096, 12288)  # more points inside the fit range on CPU
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The flags, checked (a bad one is refused before torch loads)."""
+    parser = argparse.ArgumentParser(prog="eval_memory.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", action="append", default=[], help="model YAML (repeatable); default: tiny model")
+    parser.add_argument("--pos-emb", default="kerple_log")
+    parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument("--lengths", help=f"default {','.join(map(str, LENGTHS))} (on CPU plus {FIT_EXTRA_LENGTHS})")
+    parser.add_argument("--fit-range", default="2048,16384", help="low,high lengths of the growth fit")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    parser.add_argument("--chunk-size", type=int, default=1024, help="positions per LM-head/loss chunk")
+    parser.add_argument("--budget-gib", type=float, help="skip runs estimated above this (default: see above)")
+    parser.add_argument("--max-seconds", type=float, default=120.0, help="skip runs projected to take longer")
+    parser.add_argument("--worker-impl", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-length", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    check_flags(args, {"--chunk-size": AT_LEAST_1, "--budget-gib": POSITIVE, "--max-seconds": POSITIVE})
+    name_list("--impls", args.impls, IMPLS)
+    if args.lengths is not None:
+        number_list("--lengths", args.lengths, AT_LEAST_1)
+    fit = number_list("--fit-range", args.fit_range, AT_LEAST_1)
+    if len(fit) != 2 or fit[0] >= fit[1]:
+        raise UsageError(f"--fit-range {args.fit_range}: expected two lengths low,high with low < high, e.g. 2048,16384")
+    return args
+
+
+with heavy_imports("eval_memory.py", parse_args if __name__ == "__main__" else None):
+    import numpy as np
+    import torch
+
+    from kerple.runs import parse_lengths, resolve_device
 TINY_MODEL = {
     "num_layers": 2,
     "hidden_size": 192,
@@ -303,24 +334,13 @@ def print_report(args: argparse.Namespace, cfg, results: list[Measurement], budg
         print(f"- {impl}: {fit or 'fewer than 2 measured lengths in range'}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", action="append", default=[], help="model YAML (repeatable); default: tiny model")
-    parser.add_argument("--pos-emb", default="kerple_log")
-    parser.add_argument("--impls", default=",".join(IMPLS))
-    parser.add_argument("--lengths", help=f"default {','.join(map(str, LENGTHS))} (on CPU plus {FIT_EXTRA_LENGTHS})")
-    parser.add_argument("--fit-range", default="2048,16384", help="low,high lengths of the growth fit")
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
-    parser.add_argument("--chunk-size", type=int, default=1024, help="positions per LM-head/loss chunk")
-    parser.add_argument("--budget-gib", type=float, help="skip runs estimated above this (default: see above)")
-    parser.add_argument("--max-seconds", type=float, default=120.0, help="skip runs projected to take longer")
-    parser.add_argument("--worker-impl", help=argparse.SUPPRESS)
-    parser.add_argument("--worker-length", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+@entry_point("eval_memory.py")
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     args.device = str(resolve_device(args.device))
     if args.worker_impl:
         print(json.dumps(worker(args)))
-        return
+        return 0
     load = os.getloadavg()
     cfg = load_model_config(args.config, args.pos_emb)
     if args.lengths:
@@ -338,7 +358,8 @@ def main(argv: list[str] | None = None) -> None:
         budget = int(psutil.virtual_memory().available // 2)
     results = measure_all(args, cfg, lengths, budget)
     print_report(args, cfg, results, budget, load)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -41,6 +41,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from kerple.errors import entry_point  # noqa: E402
+
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
@@ -184,6 +186,7 @@ def print_table(results: list[tuple[str, int, HostCounts | str]], top: int) -> N
             print(f"\n{name}, micro-batch {micro}, most frequent ops per step: {listed}")
 
 
+@entry_point("host_overhead.py")
 def main(argv: list[str] | None = None) -> int:
     from kerple.config import parse_overrides
 

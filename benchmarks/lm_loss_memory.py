@@ -25,6 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from kerple.errors import entry_point  # noqa: E402
+
 DTYPES = ("bf16", "fp32")
 
 
@@ -64,6 +66,7 @@ def measure_here(variant: str, tokens: int, vocab: int, hidden_size: int, dtype_
     return {"peak_bytes": float(peak), "loss": float(loss)}
 
 
+@entry_point("lm_loss_memory.py")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=32 * 512, help="positions (default 32 x 512)")

@@ -35,6 +35,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from kerple.errors import entry_point  # noqa: E402
+
 
 def run_row(config_files: list[str], extra: dict[str, Any], length: int, name: str, impl: str, tokens: int,
             steps: int, warmup: int, compile_: bool | None) -> dict[str, Any]:
@@ -89,6 +91,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{row['peak_bytes'] / 2**30:.3f} | {extra} |")
 
 
+@entry_point("long_context.py")
 def main(argv: list[str] | None = None) -> int:
     import torch
 

@@ -17,6 +17,9 @@ import subprocess
 import sys
 import textwrap
 
+from kerple.errors import KerpleError, entry_point
+from kerple.flags import AT_LEAST_0, check_flags
+
 PIPELINE = textwrap.dedent("""
     import json, resource, sys, time
     from kerple.data.preprocess import run
@@ -55,17 +58,22 @@ def measure(code: str, args: list[str], env_extra: dict[str, str]) -> dict[str, 
     """Run a snippet in a fresh interpreter and parse its RESULT line."""
     env = dict(os.environ, **env_extra)
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
+    if done.returncode == 130:
+        raise KeyboardInterrupt
     if done.returncode != 0:
-        raise SystemExit(f"benchmark step failed:\n{done.stderr[-2000:]}")
+        print(done.stderr[-2000:], file=sys.stderr)
+        raise KerpleError(f"a measurement failed with exit status {done.returncode} (its output is above)")
     line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
 
 
-def main() -> None:
-    cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+@entry_point("preprocess.py")
+def main(argv: list[str] | None = None) -> int:
+    cli = argparse.ArgumentParser(prog="preprocess.py", description=__doc__.splitlines()[0])
     cli.add_argument("--data-dir", default="/tmp/kerple-bench")
     cli.add_argument("--limit", type=int, default=0, help="first N stdlib files (0: all)")
-    args = cli.parse_args()
+    args = cli.parse_args(argv)
+    check_flags(args, {"--limit": AT_LEAST_0})
     from kerple.data.fetch import ensure_standard_tokenizer
 
     tokenizer_file = ensure_standard_tokenizer("20B", f"{args.data_dir}/tokenizers",
@@ -88,7 +96,8 @@ def main() -> None:
           f"{speed['library encode_batch, 1 thread'] / speed['prepare_data --workers 1']:.2f}")
     print(f"ratio library(own threads) / prepare_data(2 workers): "
           f"{speed['library encode_batch, own threads'] / speed['prepare_data --workers 2']:.2f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -16,11 +16,41 @@ from __future__ import annotations
 import argparse
 import sys
 
-import numpy as np
-import torch
-
-from kerple.regular_languages.bench import RunSettings, run
+from kerple.errors import UsageError, entry_point
+from kerple.flags import AT_LEAST_0, AT_LEAST_1, Bounds, check_flags, check_unique, heavy_imports
+from kerple.regular_languages.settings import PADDINGS, RunSettings
 from kerple.regular_languages.tasks import get_task
+
+FLAG_BOUNDS = {"--seeds": AT_LEAST_1, "--steps": AT_LEAST_1, "--stop-loss": AT_LEAST_0, "--every": AT_LEAST_1,
+               "--eval-samples": AT_LEAST_1, "--threshold": Bounds(above=0, most=1), "--threads": AT_LEAST_1}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The flags, checked (a bad one is refused before torch loads)."""
+    parser = argparse.ArgumentParser(prog="regular_parity.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=RunSettings.steps, help="most training steps")
+    parser.add_argument("--stop-loss", type=float, default=RunSettings.stop_loss, help="stop once the training loss is below this")
+    parser.add_argument("--padding", nargs="+", default=["pad"], choices=PADDINGS)
+    parser.add_argument("--every", type=int, default=3, help="test every n-th length of 41..500")
+    parser.add_argument("--eval-samples", type=int, default=32, help="strings per test length")
+    parser.add_argument("--threshold", type=float, default=0.95)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    check_flags(args, FLAG_BOUNDS)
+    check_unique("--padding", args.padding)
+    if args.steps < RunSettings.warmup_steps:
+        raise UsageError(f"--steps {args.steps}: fewer than the {RunSettings.warmup_steps} warm-up steps of the "
+                         "defaults, so the learning rate would never reach its peak; give at least "
+                         f"{RunSettings.warmup_steps}")
+    return args
+
+
+with heavy_imports("regular_parity.py", parse_args if __name__ == "__main__" else None):
+    import numpy as np
+    import torch
+
+    from kerple.regular_languages.bench import run
 
 
 def test_lengths(every: int) -> list[int]:
@@ -28,17 +58,9 @@ def test_lengths(every: int) -> list[int]:
     return [n for n in range(41, 501, every) if n & (n - 1)]
 
 
+@entry_point("regular_parity.py")
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=RunSettings.steps, help="most training steps")
-    parser.add_argument("--stop-loss", type=float, default=RunSettings.stop_loss, help="stop once the training loss is below this")
-    parser.add_argument("--padding", nargs="+", default=["pad"], choices=("pad", "none"))
-    parser.add_argument("--every", type=int, default=3, help="test every n-th length of 41..500")
-    parser.add_argument("--eval-samples", type=int, default=32, help="strings per test length")
-    parser.add_argument("--threshold", type=float, default=0.95)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     task, lengths = get_task("parity_check"), test_lengths(args.every)
     print(f"parity_check: train 1-40, test {len(lengths)} lengths in 41-500 (no power of two), "

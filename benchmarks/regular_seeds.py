@@ -19,17 +19,58 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import multiprocessing
+import os
 import sys
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from kerple import atomic
-from kerple.regular_languages.bench import RunSettings, run
+from kerple.errors import UsageError, children_ignore_interrupt, entry_point, future_result
+from kerple.flags import AT_LEAST_0, AT_LEAST_1, Bounds, check_flags, check_not_more, check_unique, heavy_imports
+from kerple.outputs import check_output_file
+from kerple.regular_languages.settings import RunSettings, resume_conflict
 from kerple.regular_languages.tasks import TASKS, get_task
+
+FLAG_BOUNDS = {"--first-seed": AT_LEAST_0, "--seeds": AT_LEAST_1, "--every": AT_LEAST_1, "--threads": AT_LEAST_1,
+               "--jobs": AT_LEAST_1, "--expect": AT_LEAST_0, "--threshold": Bounds(above=0, most=1)}
+EXPECTED_SHARE = 0.9
+"""Default of ``--expect``: 9 of every 10 seeds (the defaults learn Parity Check from 10 of 10)."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The flags, checked (a bad one is refused before torch loads)."""
+    parser = argparse.ArgumentParser(prog="regular_seeds.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", nargs="+", default=["parity_check"], choices=list(TASKS))
+    parser.add_argument("--first-seed", type=int, default=100)
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--every", type=int, default=1, help="test every n-th test length")
+    parser.add_argument("--threshold", type=float, default=0.95, help="accuracy over the test lengths that counts")
+    parser.add_argument("--expect", type=int,
+                        help="least number of seeds per task at the threshold (default: 90%% of --seeds, rounded up)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per seed")
+    parser.add_argument("--jobs", type=int, default=1, help="seeds trained at once (processes)")
+    parser.add_argument("--output", help="records JSON (rewritten after every seed)")
+    parser.add_argument("--resume", action="store_true", help="keep the seeds --output already holds")
+    args = parser.parse_args(argv)
+    check_flags(args, FLAG_BOUNDS)
+    check_unique("--task", args.task)
+    check_not_more("--expect", args.expect, "--seeds", args.seeds, "no run could ever pass; give at most --seeds")
+    if args.expect is None:
+        args.expect = math.ceil(EXPECTED_SHARE * args.seeds)
+    if args.resume and not args.output:
+        raise UsageError("--resume keeps the seeds --output holds: give --output")
+    if args.output:
+        check_output_file(args.output, "--output")
+    return args
+
+
+with heavy_imports("regular_seeds.py", parse_args if __name__ == "__main__" else None):
+    import numpy as np
+    import torch
+
+    from kerple.regular_languages.bench import run
 
 
 def one_seed(name: str, seed: int, lengths: list[int], threads: int) -> dict:
@@ -44,10 +85,19 @@ def seed_results(jobs: list[tuple[str, int]], args: argparse.Namespace) -> Itera
         for name, seed in jobs:
             yield one_seed(name, seed, test_lengths(name, args.every), args.threads)
         return
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(one_seed, name, seed, test_lengths(name, args.every), args.threads) for name, seed in jobs]
-        for future in futures:
-            yield future.result()
+    # workers ended by Ctrl-C leave the semaphores of their progress bars to multiprocessing's tracker,
+    # which frees them and would warn about it under the "interrupted" line
+    os.environ.setdefault("PYTHONWARNINGS", "ignore:resource_tracker:UserWarning")
+    with children_ignore_interrupt():  # the workers start here; Ctrl-C stops this process, which ends them
+        pool = multiprocessing.get_context("spawn").Pool(args.jobs)
+    try:
+        handles = [pool.apply_async(one_seed, (name, seed, test_lengths(name, args.every), args.threads))
+                   for name, seed in jobs]
+        for handle in handles:
+            yield future_result(handle)
+    finally:  # a result, an error or Ctrl-C: the workers end, and their queues are released
+        pool.terminate()
+        pool.join()
 
 
 def row(record: dict, threshold: float) -> str:
@@ -62,29 +112,18 @@ def test_lengths(name: str, every: int) -> list[int]:
     return list(get_task(name).test_lengths)[::every]
 
 
+@entry_point("regular_seeds.py")
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", nargs="+", default=["parity_check"], choices=list(TASKS))
-    parser.add_argument("--first-seed", type=int, default=100)
-    parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--every", type=int, default=1, help="test every n-th test length")
-    parser.add_argument("--threshold", type=float, default=0.95, help="accuracy over the test lengths that counts")
-    parser.add_argument("--expect", type=int, default=9, help="least number of seeds per task at the threshold")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per seed")
-    parser.add_argument("--jobs", type=int, default=1, help="seeds trained at once (processes)")
-    parser.add_argument("--output", help="records JSON (rewritten after every seed)")
-    parser.add_argument("--resume", action="store_true", help="keep the seeds --output already holds")
-    args = parser.parse_args(argv)
-    for flag in ("first_seed", "seeds", "every", "threads", "jobs", "expect"):
-        least = 0 if flag in ("first_seed", "expect") else 1
-        if getattr(args, flag) < least:
-            parser.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: expected at least {least}")
-    if not 0 < args.threshold <= 1:
-        parser.error(f"--threshold {args.threshold}: an accuracy in (0, 1], e.g. 0.95")
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     settings = RunSettings()
     output = Path(args.output) if args.output else None
     records = json.loads(output.read_text())["results"] if output and args.resume and output.is_file() else []
+    for record in records:
+        conflict = resume_conflict(record, settings, test_lengths(record["task"], args.every))
+        if conflict:
+            raise UsageError(f"--resume: {output} holds {conflict}; resume with the same --every, or write to another "
+                             "--output")
     print(f"RegularGPT, defaults: lr {settings.learning_rate:g} after {settings.warmup_steps} warm-up steps, batch {settings.batch_size}, width {settings.hidden_size}, "
           f"at most {settings.steps} steps, stop at loss {settings.stop_loss:g}, {settings.eval_samples} strings per test "
           f"length; torch {torch.__version__}, {args.jobs} seed(s) at once, {args.threads} thread(s) each")

@@ -64,12 +64,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
+from kerple.errors import entry_point, exit_on_interrupt  # noqa: E402
+
+with exit_on_interrupt("train_throughput.py"):  # Ctrl-C while torch loads: one line, status 130
+    import numpy as np
+    import torch
+from kerple.flags import AT_LEAST_0, AT_LEAST_1, check_flags, check_unique  # noqa: E402
 
 
 @dataclass
@@ -395,6 +398,7 @@ def default_setup(gpu: bool) -> tuple[str, list[str]]:
     return str(REPO / "configs/models/tiny.yml"), [str(REPO / "configs/setups/cpu.yml")]
 
 
+@entry_point("train_throughput.py")
 def main(argv: list[str] | None = None) -> int:
     from kerple import positional
     from kerple.config import parse_overrides
@@ -417,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="then profile STEPS steps per embedding (torch.profiler, top operators by self time)")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_args(argv)
+    check_flags(args, {"--steps": AT_LEAST_1, "--warmup": AT_LEAST_0, "--peak-size": AT_LEAST_1,
+                       "--threads": AT_LEAST_1, "--profile": AT_LEAST_0})
+    check_unique("--pe", args.pe)
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = parse_overrides(args.overrides)

@@ -92,12 +92,37 @@ def write_json_atomic(path: str | os.PathLike[str], doc: Any, *, indent: int | N
     return write_text_atomic(path, json.dumps(doc, indent=indent, allow_nan=True) + "\n")
 
 
+class _WriteErrorKept:
+    """A binary file that keeps the ``OSError`` of a failed write: torch's zip writer reports a write
+    that failed (a full disk) as a ``RuntimeError`` about stream positions, and the cause is lost."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle, self.error = handle, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
 def torch_save_atomic(obj: Any, path: str | os.PathLike[str]) -> Path:
-    """``torch.save(obj)`` to ``path`` atomically; return ``path`` as a :class:`Path`."""
+    """``torch.save(obj)`` to ``path`` atomically; return ``path`` as a :class:`Path`. A failed write
+    (``ENOSPC``: the disk is full) raises its ``OSError``, not torch's ``RuntimeError``."""
     import torch  # deferred: most users of this module never need torch
 
     target = Path(path)
     with atomic_path(target) as temporary:
         with open(temporary, "wb") as handle:
-            torch.save(obj, handle)
+            writer = _WriteErrorKept(handle)
+            try:
+                torch.save(obj, writer)
+            except RuntimeError:
+                if writer.error is None:
+                    raise
+                raise writer.error from None
     return target

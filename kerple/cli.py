@@ -9,6 +9,7 @@ may come before, between or after the command's own flags (the commands parse wi
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 
 CONFIG_METAVAR = "CONFIG.yml|KEY=VALUE"
 """How ``--help`` names the config words (usage line and positional list)."""
@@ -23,3 +24,13 @@ def add_config_arguments(parser: argparse.ArgumentParser, detail: str = "", *, r
     parser.add_argument("configs", nargs="+" if required else "*", metavar=CONFIG_METAVAR,
                         help=CONFIG_HELP + (f"; {detail}" if detail else ""))
 
+
+
+def split_arguments(arguments: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Split command-line words into YAML paths and ``key=value`` overrides (words with ``=``),
+    each in the order given; every entry point reads its config arguments this way."""
+    paths: list[str] = []
+    overrides: list[str] = []
+    for word in arguments:
+        (overrides if "=" in word else paths).append(word)
+    return paths, overrides

@@ -11,6 +11,7 @@ derive its errors from it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -27,6 +28,16 @@ INTERRUPTED_STATUS = 130
 that SIGINT ended): a script can tell an interrupted run from a finished one (0)."""
 
 _Params = ParamSpec("_Params")
+
+FULL_DISK = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""``errno`` values of a write the disk (or the user's quota) had no room for."""
+
+
+def full_disk_message(error: OSError) -> str:
+    """One line for a write that found the disk full: what could not be written and the fix."""
+    where = f" writing {error.filename}" if error.filename else ""
+    return (f"{error.strerror or 'no space left on device'}{where}: free disk space, or choose a folder on "
+            "another disk, then run the same command again")
 
 class KerpleError(Exception):
     """A problem with the user's input; entry points print its message without a traceback."""
@@ -72,7 +83,9 @@ def entry_point(prog: str) -> Callable[[Callable[_Params, int]], Callable[_Param
     """Decorate the ``main`` of the command ``prog``: a :class:`KerpleError` becomes the line
     ``prog: error: message`` on stderr and the return value :data:`USER_ERROR_STATUS`; a Ctrl-C
     (``KeyboardInterrupt``) the line ``prog: interrupted`` and :data:`INTERRUPTED_STATUS`, with no
-    traceback. The project's log lines are shown (:func:`show_project_log`)."""
+    traceback; a write that found the disk full (``ENOSPC``, ``EDQUOT``) one line naming the file,
+    and :data:`USER_ERROR_STATUS` (the writers remove their partial files: :mod:`kerple.atomic`).
+    The project's log lines are shown (:func:`show_project_log`)."""
 
     def decorate(main: Callable[_Params, int]) -> Callable[_Params, int]:
         @functools.wraps(main)
@@ -86,6 +99,11 @@ def entry_point(prog: str) -> Callable[[Callable[_Params, int]], Callable[_Param
             except KeyboardInterrupt:
                 print(f"{prog}: interrupted", file=sys.stderr)
                 return INTERRUPTED_STATUS
+            except OSError as error:
+                if error.errno not in FULL_DISK:
+                    raise
+                print(f"{prog}: error: {full_disk_message(error)}", file=sys.stderr)
+                return USER_ERROR_STATUS
 
         return run
 
@@ -114,3 +132,47 @@ def exit_on_interrupt(prog: str) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def load_modules(prog: str, *names: str) -> None:
+    """Import ``names`` under :func:`exit_on_interrupt`: a command that imports torch lazily, in the
+    middle of its ``main``, loads it first where Ctrl-C ends the process at once (a Ctrl-C inside
+    torch's import was swallowed by a library, or left numpy half-loaded and ended in an ImportError)."""
+    import importlib
+
+    with exit_on_interrupt(prog):
+        for name in names:
+            importlib.import_module(name)
+
+
+@contextlib.contextmanager
+def children_ignore_interrupt() -> Iterator[None]:
+    """Child processes started inside ignore Ctrl-C (a process inherits an ignored SIGINT, and Python
+    keeps it ignored): the terminal's Ctrl-C reaches the whole process group, and a worker that
+    died of it printed its own traceback and could leave its parent waiting for a result forever.
+    The parent alone stops, and ends its workers. A Ctrl-C while the children are being started
+    (milliseconds) is lost. Outside the main thread it does nothing."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def future_result(future: Any) -> Any:
+    """The result of a ``concurrent.futures`` future or a ``multiprocessing`` ``AsyncResult``, waited
+    for in short slices: a wait without a timeout is not interrupted by Ctrl-C when the signal reaches
+    another thread, and the command would wait for its workers forever."""
+    import concurrent.futures
+
+    if hasattr(future, "ready"):  # multiprocessing.pool.AsyncResult
+        while not future.ready():
+            future.wait(0.2)
+        return future.get()
+    while not future.done():
+        concurrent.futures.wait([future], timeout=0.2)
+    return future.result()

@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kerple.analysis.errors import AnalysisError  # noqa: E402
-from kerple.errors import entry_point  # noqa: E402
+from kerple.errors import entry_point, future_result, load_modules  # noqa: E402
+from kerple.flags import AT_LEAST_1, check_flags  # noqa: E402
 
 ALIGNED = ("kerple_log", "alibi", "rpe")
 TABLE_4_1 = {  # demo-scale thesis Table 4.1: variant -> (configs/pe file, override)
@@ -51,26 +52,34 @@ def demo_module() -> Any:
     return module
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """This script's options; the rest are ``tools/demo.py``'s (``--steps``, ``--runs``, ...), the
+    ones the analysed demo was run with."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="Other options are tools/demo.py's: give the ones make demo ran with "
+                                            "(e.g. --steps 200) so that its checkpoints are found.")
     parser.add_argument("--factor", type=int, default=8, help="analysis length = factor x train length")
     parser.add_argument("--num-sequences", type=int, default=8, help="held-out sequences per measurement")
     parser.add_argument("--num-samples", type=int, default=4, help="passkey prompts per length and depth")
     parser.add_argument("--results", default="results/analysis")
-    parser.add_argument("--runs", help="the demo's checkpoints (default: make demo's runs/demo)")
     parser.add_argument("--table41", action="store_true", help="also train and analyse Table 4.1's variants")
-    return parser.parse_args(argv)
+    options, demo_argv = parser.parse_known_args(argv)
+    check_flags(options, {"--factor": AT_LEAST_1, "--num-sequences": AT_LEAST_1, "--num-samples": AT_LEAST_1})
+    return options, demo_argv
 
 
-def demo_setup(demo: Any, runs: str | None) -> tuple[argparse.Namespace, Any, list[str]]:
-    """The demo's defaults, its prepared data and the embeddings with a finished checkpoint;
-    refuses (``AnalysisError``) when ``make demo`` has not run."""
-    args = demo.parse_args([] if runs is None else ["--runs", runs])
+def demo_setup(demo: Any, demo_argv: list[str]) -> tuple[argparse.Namespace, Any, list[str]]:
+    """The demo's settings (its defaults, or the options it was run with), its prepared data and the
+    embeddings with a finished checkpoint; refuses (``AnalysisError``) when there is none, naming
+    the step counts the runs found were trained for."""
+    args = demo.parse_args(demo_argv)
     info_file = ROOT / args.data_dir / "stdlib" / "stdlib_text_document.info.json"
-    names = [n for n in demo.POS_EMBS if demo.finished(ROOT / args.runs / n, args.steps)]
-    if not info_file.is_file() or not names:
-        raise AnalysisError(f"no demo checkpoints under {args.runs}/<pos_emb>/ (or no data in {args.data_dir}); "
-                            "run `make demo` first")
+    names = [n for n in args.names if demo.finished(ROOT / args.runs / n, args.steps)]
+    if not info_file.is_file():
+        raise AnalysisError(f"no demo data in {args.data_dir} (the data of --vocab {args.vocab}); run `make demo` "
+                            "first, or give the demo's own options (e.g. --vocab)")
+    if not names:
+        raise AnalysisError(no_checkpoints(demo, args))
     info = json.loads(info_file.read_text())
     from tokenizers import Tokenizer
 
@@ -79,6 +88,24 @@ def demo_setup(demo: Any, runs: str | None) -> tuple[argparse.Namespace, Any, li
                          tokenizer_file=vocab_file, vocab_size=Tokenizer.from_file(vocab_file).get_vocab_size(),
                          valid_tokens=int(info["parts"]["valid"]["tokens"]))
     return args, data, names
+
+
+def no_checkpoints(demo: Any, args: argparse.Namespace) -> str:
+    """Why no finished demo run was found: none at all, or runs trained for another number of steps."""
+    from kerple.checkpoint.files import latest_tag
+
+    other = {}
+    for name in args.names:
+        folder = ROOT / args.runs / name
+        tag = latest_tag(folder) if folder.is_dir() else None
+        if tag is not None:
+            other.setdefault(tag.removeprefix("global_step"), []).append(name)
+    if not other:
+        return f"no demo checkpoints under {args.runs}/<pos_emb>/; run `make demo` first"
+    found = "; ".join(f"step {steps} ({', '.join(names)})" for steps, names in other.items())
+    steps = next(iter(other))
+    return (f"the demo runs under {args.runs}/ end at {found}, not at step {args.steps} (--steps {args.steps}): "
+            f"give the demo's --steps, e.g. make analysis-demo ANALYSIS_ARGS='--steps {steps}'")
 
 
 def analyze(command: list[str]) -> None:
@@ -208,7 +235,7 @@ def table41(demo: Any, args: argparse.Namespace, data: Any, out: Path, length: i
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
             for future in [pool.submit(runner.run, v, [[sys.executable, "train.py", *words[v]]]) for v in todo]:
-                future.result()
+                future_result(future)
     finally:
         runner.close()
     lengths = [args.train_length * f for f in (1, 2, 4, 8) if args.train_length * f <= length]
@@ -234,10 +261,11 @@ def table41(demo: Any, args: argparse.Namespace, data: Any, out: Path, length: i
 def main(argv: list[str] | None = None) -> int:
     from kerple.atomic import write_json_atomic, write_text_atomic
 
-    options = parse_args(argv)
+    options, demo_argv = parse_args(argv)
+    load_modules("analysis_demo.py", "kerple.checkpoint.files", "kerple.config", "tokenizers")  # Ctrl-C: at once
     started = time.perf_counter()
     demo = demo_module()
-    args, data, names = demo_setup(demo, options.runs)
+    args, data, names = demo_setup(demo, demo_argv)
     out = ROOT / options.results
     length = args.train_length * options.factor
     common = {name: demo.config_args(name, args, data) for name in names}

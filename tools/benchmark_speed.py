@@ -19,21 +19,35 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.train_throughput import describe, measure  # noqa: E402
-from kerple.config import parse_overrides, split_arguments  # noqa: E402
-from kerple.errors import entry_point  # noqa: E402
+from kerple.cli import split_arguments  # noqa: E402
+from kerple.errors import UsageError, entry_point, exit_on_interrupt  # noqa: E402
+from kerple.flags import AT_LEAST_0, AT_LEAST_1, check_flags, check_unique  # noqa: E402
 
 
-@entry_point("benchmark_speed.py")
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The flags, checked before torch loads."""
+    parser = argparse.ArgumentParser(prog="benchmark_speed.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("configs", nargs="+", help="YAML files, then key=value overrides")
     parser.add_argument("--pos-emb", default="kerple_log,kerple_power,alibi,rpe,rotary,sinusoidal,none")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args(argv)
+    check_flags(args, {"--steps": AT_LEAST_1, "--warmup": AT_LEAST_0})
+    args.names = [name.strip() for name in args.pos_emb.split(",") if name.strip()]
+    if not args.names:
+        raise UsageError(f"--pos-emb {args.pos_emb!r}: name at least one embedding")
+    check_unique("--pos-emb", args.names)
+    return args
+
+
+@entry_point("benchmark_speed.py")
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with exit_on_interrupt("benchmark_speed.py"):
+        from benchmarks.train_throughput import describe, measure
+        from kerple.config import parse_overrides
     yamls, overrides = split_arguments(args.configs)
-    names = [name.strip() for name in args.pos_emb.split(",") if name.strip()]
+    names = args.names
     run = measure(yamls, parse_overrides(overrides), names, steps=args.steps, warmup=args.warmup)
     seconds = {r.pos_emb: r.step_seconds for r in run.results if not r.error}
     width = max(12, *(len(n) + 2 for n in names))

@@ -15,10 +15,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from kerple.errors import UsageError, entry_point
-from kerple.evaluation.compare import compare
-from kerple.evaluation.stats import ALPHA
+from kerple.errors import entry_point, exit_on_interrupt
+from kerple.flags import PROBABILITY, check_number
 from kerple.outputs import check_output_folder
+
+
+def compare(*args: object, **kwargs: object) -> tuple[str, list[Path]]:
+    """:func:`kerple.evaluation.compare.compare`, imported when used (scipy and matplotlib take seconds)."""
+    with exit_on_interrupt("compare_runs.py"):
+        from kerple.evaluation.compare import compare as build_tables
+
+    return build_tables(*args, **kwargs)
 
 
 @entry_point("compare_runs.py")
@@ -27,15 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results", nargs="+", help="results JSON files written by evaluate.py")
     parser.add_argument("--reference", default="kerple_log", help="embedding the others are tested against")
     parser.add_argument("--format", choices=("markdown", "latex", "csv"), default="markdown")
-    parser.add_argument("--alpha", type=float, default=ALPHA, help="significance level of the t-test")
+    parser.add_argument("--alpha", type=float, help="significance level of the t-test (default: 0.05)")
     parser.add_argument("--output-dir", help="where to write the table and plots (default: beside the results)")
     args = parser.parse_args(argv)
-    if not 0 < args.alpha < 1:
-        raise UsageError(f"--alpha {args.alpha}: a significance level is in (0, 1), e.g. 0.05")
+    check_number("--alpha", args.alpha, PROBABILITY, " (a significance level, e.g. 0.05)")
     check_output_folder(args.output_dir or Path(args.results[0]).parent, "--output-dir")
-    text, written = compare(
-        args.results, reference=args.reference, fmt=args.format, out_dir=args.output_dir, alpha=args.alpha
-    )
+    options = {} if args.alpha is None else {"alpha": args.alpha}
+    text, written = compare(args.results, reference=args.reference, fmt=args.format, out_dir=args.output_dir,
+                            **options)
     print(text)
     for path in written:
         print(f"wrote {path}", file=sys.stderr)

@@ -13,7 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kerple.checkpoint.convert import main  # noqa: E402
+from kerple.errors import exit_on_interrupt  # noqa: E402
+
+with exit_on_interrupt("convert_checkpoint.py"):  # Ctrl-C while the modules load: one line, status 130
+    from kerple.checkpoint.convert import main
 
 if __name__ == "__main__":
     sys.exit(main())

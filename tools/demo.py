@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))  # demo_extension, also when this file is imported
 
-from kerple.errors import entry_point  # noqa: E402
+from kerple.errors import KerpleError, UsageError, entry_point, future_result, load_modules  # noqa: E402
+from kerple.flags import AT_LEAST_1, POSITIVE, Bounds, check_flags, check_unique  # noqa: E402
 from demo_extension import merge_zero_shot, zero_shot_commands  # noqa: E402
 
 PYTHON = sys.executable
@@ -42,6 +43,15 @@ POS_EMBS = ("kerple_log", "kerple_power", "alibi", "rpe", "rotary", "sinusoidal"
 KERNEL_EMBS = ("kerple_log", "kerple_power", "alibi", "rpe", "sandwich")
 FACTORS = (1, 2, 4, 8, 16)
 STEP_LINE = re.compile(r"step\s+(\d+)/(\d+)")
+MIN_VOCAB = 257
+"""The smallest byte-level BPE: 256 bytes and <|endoftext|> (prepare_data.py --train-tokenizer)."""
+FLAG_BOUNDS = {"--train-length": Bounds(least=2), "--steps": AT_LEAST_1, "--micro-batch": AT_LEAST_1,
+               "--lr": POSITIVE, "--vocab": Bounds(least=MIN_VOCAB), "--num-tokens": AT_LEAST_1, "--jobs": AT_LEAST_1}
+
+
+class StepFailed(KerpleError):
+    """A command the demo runs (prepare_data.py, train.py, evaluate.py) failed; the message ends with
+    its own last line."""
 
 
 @dataclass(frozen=True)
@@ -68,8 +78,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--runs", default="runs/demo")
     parser.add_argument("--results", default="results/demo")
     args = parser.parse_args(argv)
+    check_flags(args, FLAG_BOUNDS)
+    args.names = pos_emb_names(args.pos_emb)
     args.data_dir = args.data_dir or f"data/demo-bpe{args.vocab}"
     return args
+
+
+def pos_emb_names(text: str) -> list[str]:
+    """``--pos-emb``'s comma-separated names, each a ``configs/pe/<name>.yml``, each once."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    known = sorted(path.stem for path in (ROOT / "configs" / "pe").glob("*.yml"))
+    if not names:
+        raise UsageError(f"--pos-emb {text!r}: name at least one embedding, e.g. kerple_log,alibi")
+    for name in names:
+        if name not in known:
+            raise UsageError(f"--pos-emb: no configs/pe/{name}.yml; choose among {', '.join(known)}")
+    check_unique("--pos-emb", names)
+    return names
 
 
 def output_layer_seconds(vocab: int, tokens: int = 1024, hidden: int = 128, repeats: int = 2) -> float:
@@ -105,7 +130,11 @@ def prepare_data(args: argparse.Namespace) -> DemoData:
     command = [PYTHON, "prepare_data.py", "stdlib", "-d", args.data_dir, "--train-tokenizer", str(args.vocab),
                "--workers", "2"]
     print("$ " + " ".join(command[1:]), flush=True)
-    subprocess.run(command, cwd=ROOT, check=True)
+    done = subprocess.run(command, cwd=ROOT)
+    if done.returncode == 130:
+        raise KeyboardInterrupt
+    if done.returncode != 0:
+        raise StepFailed(f"prepare_data.py exited with status {done.returncode} (its message is above)")
     prefix = ROOT / args.data_dir / "stdlib" / "stdlib_text_document"
     info = json.loads(Path(f"{prefix}.info.json").read_text())
     from tokenizers import Tokenizer
@@ -147,13 +176,18 @@ RUN_PLACES = {"save", "load", "log_dir", "tensorboard_dir"}  # where a run write
 def config_changes(pos_emb: str, args: argparse.Namespace, data: DemoData) -> list[str]:
     """The keys whose value in a finished run's ``configs/resolved.yml`` differs from what this demo
     would train now (``key: old -> new``); empty when the run can be reused."""
+    resolved = ROOT / args.runs / pos_emb / f"global_step{args.steps}" / "configs" / "resolved.yml"
+    return changed_keys(resolved, config_args(pos_emb, args, data))
+
+
+def changed_keys(resolved: Path, words: list[str]) -> list[str]:
+    """The keys whose value in ``resolved`` (a checkpoint's ``configs/resolved.yml``) differs from the
+    config the command words ``words`` give (``key: old -> new``), where the run writes aside."""
     from kerple.config import load_config, parse_overrides, split_arguments
 
-    run_dir = ROOT / args.runs / pos_emb
-    resolved = run_dir / f"global_step{args.steps}" / "configs" / "resolved.yml"
     if not resolved.is_file():
         return [f"{resolved} is missing"]
-    yamls, overrides = split_arguments(config_args(pos_emb, args, data))
+    yamls, overrides = split_arguments(words)
     quiet = logging.getLogger("kerple.config")
     level, quiet.level = quiet.level, logging.WARNING  # the demo's own overrides, not news to the user
     try:
@@ -178,19 +212,31 @@ def flat(settings: dict, prefix: str = "") -> dict:
 
 
 def set_aside_stale_runs(args: argparse.Namespace, data: DemoData, names: list[str]) -> None:
-    """A finished run in ``--runs`` trained with another config (an older demo, edited YAMLs) is
-    renamed ``<name>.stale-<time>`` (nothing is deleted) and trained again, with a line saying why."""
+    """A run in ``--runs`` that cannot be reused or resumed as it is (trained for another number of
+    steps, or with another config: an older demo, edited YAMLs) is renamed ``<name>.stale-<time>``
+    (nothing is deleted) and trained again, with a line saying why."""
+    from kerple.checkpoint.files import latest_tag, tag_for
+
     for name in names:
         run_dir = ROOT / args.runs / name
-        if not finished(run_dir, args.steps):
+        tag = latest_tag(run_dir) if run_dir.is_dir() else None
+        if tag is None:
             continue
-        changes = config_changes(name, args, data)
+        if tag != tag_for(args.steps):
+            changes = [f"its checkpoint is {tag}, not global_step{args.steps} of --steps {args.steps}"]
+        else:
+            changes = config_changes(name, args, data)
         if changes:
-            aside = run_dir.with_name(f"{name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
-            run_dir.rename(aside)
-            more = f" (and {len(changes) - 3} more)" if len(changes) > 3 else ""
-            print(f"{run_dir} was trained with another config ({'; '.join(changes[:3])}{more}): "
-                  f"moved to {aside.name} beside it, training it again", flush=True)
+            set_aside(run_dir, changes)
+
+
+def set_aside(run_dir: Path, changes: list[str]) -> None:
+    """Rename ``run_dir`` to ``<name>.stale-<time>`` beside it, saying why (``changes``)."""
+    aside = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.rename(aside)
+    more = f" (and {len(changes) - 3} more)" if len(changes) > 3 else ""
+    print(f"{run_dir} was trained with another config ({'; '.join(changes[:3])}{more}): "
+          f"moved to {aside.name} beside it, training it again", flush=True)
 
 
 def commands_for(pos_emb: str, args: argparse.Namespace, data: DemoData) -> list[list[str]]:
@@ -211,6 +257,17 @@ def commands_for(pos_emb: str, args: argparse.Namespace, data: DemoData) -> list
                  "--no-progress"]
         commands += zero_shot_commands(plain, ROOT / args.results, args.train_length, FACTORS)
     return commands
+
+
+def failure(name: str, command: list[str], status: int, output: list[str]) -> str:
+    """What a failed command said: its last line (a one-line refusal says it all); the lines before it
+    are printed too when that line is not a refusal (a crash's traceback)."""
+    lines = [line for line in output if line.strip()]
+    last = lines[-1].strip() if lines else "(no output)"
+    if ": error: " not in last and lines:
+        print("\n".join(lines[-30:]), file=sys.stderr)
+    script = Path(command[1]).name
+    return f"[{name}] {script} exited with status {status}: {last}"
 
 
 class Runner:
@@ -239,9 +296,10 @@ class Runner:
                         done = int(match.group(1))
                     if match or line.startswith(("L=", "validation", "training finished", "wrote")):
                         self.bar.write(f"[{name}] {line}")
-            if process.wait() != 0:
-                raise RuntimeError(f"[{name}] failed ({process.returncode}): {' '.join(command[1:3])} ...\n"
-                                   + "\n".join(tail))
+            if process.wait() in (130, -2):  # stopped by the Ctrl-C that also reaches this process
+                raise KeyboardInterrupt
+            if process.returncode != 0:
+                raise StepFailed(failure(name, command, process.returncode, tail))
 
     def close(self) -> None:
         self.bar.close()
@@ -303,7 +361,8 @@ def qualitative_check(args: argparse.Namespace, names: list[str]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
-    names = [n.strip() for n in args.pos_emb.split(",") if n.strip()]
+    load_modules("demo.py", "torch", "kerple.checkpoint.files", "kerple.config")  # before any work: Ctrl-C stops at once
+    names = args.names
     threads = max(1, (os.cpu_count() or 2) // max(1, args.jobs))
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     print(f"kerple demo: {len(names)} embeddings, train length {args.train_length}, {args.steps} steps of "
@@ -321,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             for future in [pool.submit(runner.run, n, commands_for(n, args, data)) for n in names]:
-                future.result()
+                future_result(future)
     finally:
         runner.close()
     trained = time.perf_counter()

@@ -27,7 +27,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kerple.errors import entry_point  # noqa: E402
+from kerple.errors import entry_point, future_result, load_modules  # noqa: E402
+from kerple.flags import AT_LEAST_1, POSITIVE, Bounds, check_flags, check_unique, number_list  # noqa: E402
 
 ZERO_SHOT_TYPES = ("linear", "dynamic", "yarn")  # PI, dynamic NTK, YaRN
 PER_LENGTH_FACTOR = ("linear", "yarn")  # factor = L'/L; dynamic rescales by the length itself
@@ -105,12 +106,15 @@ def _write(path: Path, document: dict[str, Any]) -> Path:
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     """This script's options; the rest are ``tools/demo.py``'s (``--train-length``, ``--runs``, ...)."""
     parser = argparse.ArgumentParser(description="PI, YaRN, KERPLE-log, ALiBi and rotary fine-tuned at a longer length")
-    parser.add_argument("--factor", type=int, default=4, help="fine-tune at this many times the train length")
+    parser.add_argument("--factor", type=int, default=4, help="fine-tune at this many times the train length (2 or more)")
     parser.add_argument("--steps", type=int, default=200, help="fine-tuning steps (the same for every model)")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of the fine-tuning")
     parser.add_argument("--eval-factors", default="1,4,8,16,32", help="evaluation lengths in train lengths")
     parser.add_argument("--finetune-runs", default="runs/demo-extension")
     args, demo_argv = parser.parse_known_args(argv)
+    check_flags(args, {"--factor": Bounds(least=2), "--steps": AT_LEAST_1, "--lr": POSITIVE})
+    args.factors = number_list("--eval-factors", args.eval_factors, AT_LEAST_1)
+    check_unique("--eval-factors", args.factors)
     return args, demo_argv
 
 
@@ -142,9 +146,13 @@ def run_one(name: str, pos_emb: str, rope_type: str | None, args: argparse.Names
     import demo
 
     arguments = finetune_arguments(name, pos_emb, rope_type, args, demo_args, data)
-    lengths = ",".join(str(demo_args.train_length * int(f)) for f in args.eval_factors.split(","))
+    lengths = ",".join(str(demo_args.train_length * f) for f in args.factors)
     run_dir = ROOT / args.finetune_runs / name
     timing = run_dir / "finetune_seconds.json"  # kept beside the run, so a reused run still shows its cost
+    if demo.finished(run_dir, args.steps):
+        changes = demo.changed_keys(run_dir / f"global_step{args.steps}" / "configs" / "resolved.yml", arguments)
+        if changes:  # fine-tuned with another --factor, --lr, ...: again
+            demo.set_aside(run_dir, changes)
     if not demo.finished(run_dir, args.steps):
         started = time.perf_counter()
         runner.run(f"{name} fine-tune", [[demo.PYTHON, "train.py", *arguments]])
@@ -164,7 +172,7 @@ def before_command(name: str, pos_emb: str, rope_type: str | None, args: argpars
     the fine-tuning's factor)."""
     import demo
 
-    lengths = ",".join(str(demo_args.train_length * int(f)) for f in args.eval_factors.split(","))
+    lengths = ",".join(str(demo_args.train_length * f) for f in args.factors)
     extra = [] if rope_type is None else [override(rope_scaling(rope_type, args.factor, demo_args.train_length))]
     return [demo.PYTHON, "evaluate.py", *demo.config_args(pos_emb, demo_args, data), *extra, "--eval-lengths", lengths,
             "--protocol", "nonoverlap", "--attention-impl", "sdpa", "--num-tokens", str(demo_args.num_tokens),
@@ -176,8 +184,7 @@ def table(args: argparse.Namespace, demo_args: argparse.Namespace, seconds: dict
     from kerple.evaluation.stats import display_name
 
     results = ROOT / demo_args.results / "extension"
-    factors = [int(f) for f in args.eval_factors.split(",")]
-    lengths = [demo_args.train_length * f for f in factors]
+    lengths = [demo_args.train_length * f for f in args.factors]
     header = ("| model | fine-tuning | " + " | ".join(str(length) for length in lengths) + " | time |\n"
               "|---|---|" + "---:|" * (len(lengths) + 1) + "\n")
     rows = []
@@ -198,23 +205,25 @@ def main(argv: list[str] | None = None) -> int:
 
     args, demo_argv = parse_args(argv)
     demo_args = demo.parse_args(demo_argv)
+    load_modules("demo_extension.py", "kerple.checkpoint.files", "kerple.config")  # before any work: Ctrl-C stops at once
     started = time.perf_counter()
     data = demo.prepare_data(demo_args)
     bases = sorted({pos_emb for _, pos_emb, _ in FINETUNED})
+    demo.set_aside_stale_runs(demo_args, data, bases)  # trained for other steps or with another config: again
     runner = demo.Runner(total_steps=len(FINETUNED) * args.steps, threads=1)
     seconds: dict[str, float] = {}
     try:
         with ThreadPoolExecutor(max_workers=demo_args.jobs) as pool:
             for future in [pool.submit(runner.run, name, demo.commands_for(name, demo_args, data)) for name in bases
                            if not demo.finished(ROOT / demo_args.runs / name, demo_args.steps)]:
-                future.result()
+                future_result(future)
             before = [pool.submit(runner.run, f"{name} before", [before_command(name, pos_emb, rope_type, args, demo_args, data)])
                       for name, pos_emb, rope_type in FINETUNED]
             for future in before:
-                future.result()
+                future_result(future)
             jobs = {name: pool.submit(run_one, name, pos_emb, rope_type, args, demo_args, data, runner)
                     for name, pos_emb, rope_type in FINETUNED}
-            seconds = {name: job.result() for name, job in jobs.items()}
+            seconds = {name: future_result(job) for name, job in jobs.items()}
     finally:
         runner.close()
     text = table(args, demo_args, seconds)

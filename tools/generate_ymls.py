@@ -45,6 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from kerple.atomic import write_text_atomic  # noqa: E402
 from kerple.errors import UsageError, entry_point  # noqa: E402
+from kerple.flags import AT_LEAST_0, AT_LEAST_1, check_number, check_unique, given_flags  # noqa: E402
 from kerple.outputs import check_output_folder  # noqa: E402
 
 PAPER_EMBEDDINGS = ["sinusoidal", "rotary", "rpe", "alibi", "kerple_power", "kerple_log"]  # KERPLE paper, Table 3
@@ -131,10 +132,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", default="configs/generated", help="where the run YAMLs go")
     parser.add_argument("--runs-dir", default="runs", help="parent of each run's checkpoints/ and logs/")
     args = parser.parse_args(argv)
-    for flag, values in (("--lengths", args.lengths), ("--seeds", args.seeds)):
-        bad = [value for value in values or [] if value < (1 if flag == "--lengths" else 0)]
-        if bad:
-            raise UsageError(f"{flag} {bad[0]}: expected {'positive train lengths' if flag == '--lengths' else 'seeds >= 0'}")
+    for flag, bounds in (("--lengths", AT_LEAST_1), ("--seeds", AT_LEAST_0)):
+        for value in getattr(args, flag[2:]) or []:
+            check_number(flag, value, bounds)
+    for flag in ("--pe", "--data", "--seeds", "--lengths"):
+        check_unique(flag, getattr(args, flag[2:]))
+    if args.grid and "pe" in given_flags(parser, argv):
+        names = ", ".join(dict.fromkeys(pe for pe, _ in GRIDS[args.grid][0].values()))
+        raise UsageError(f"--pe with --grid {args.grid}: the grid names its own embeddings ({names}); "
+                         "drop --pe, or drop --grid to write the embedding grid of --pe")
     check_output_folder(args.out, "--out")
     return args
 

@@ -15,7 +15,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kerple.reproduce.cli import main  # noqa: E402
+from kerple.errors import exit_on_interrupt  # noqa: E402
+
+with exit_on_interrupt("gpu_reproduce.py"):  # Ctrl-C while the modules load: one line, status 130
+    from kerple.reproduce.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -40,6 +40,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the GPU image's python3 runs this file without the project installed
+
+from kerple.errors import KerpleError, UsageError, entry_point  # noqa: E402  (the standard library only)
 WHEELS = REPO / ".whl"
 PYTHON_VERSION = "3.12"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
@@ -213,12 +216,26 @@ def install(site: Path, folder: Path = WHEELS) -> tuple[list[str], list[str]]:
     return installed, [name for name in needed if name not in installed]
 
 
+@entry_point("gpu_wheels.py")
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="gpu_wheels.py", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("command", choices=("download", "verify", "missing", "install"))
     parser.add_argument("site", nargs="?", type=Path, help="install: the folder to install into")
     parser.add_argument("--all", action="store_true", help=f"also {', '.join(OPTIONAL)}")
     args = parser.parse_args(argv)
+    if args.site is not None and args.command != "install":
+        raise UsageError(f"{args.command} takes no folder ({args.site}); only install does")
+    if args.all and args.command != "download":
+        raise UsageError(f"--all applies to download; {args.command} reads what .whl/ holds")
+    try:
+        return run(args, parser)
+    except subprocess.CalledProcessError as error:
+        raise KerpleError(f"{' '.join(map(str, error.cmd[:6]))} ... exited with status {error.returncode}; "
+                          "its message is above") from None
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The command of ``args``."""
     if args.command == "missing":
         print(" ".join(missing()))
         return 0

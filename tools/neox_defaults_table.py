@@ -24,6 +24,13 @@ from typing import Any
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kerple.atomic import write_text_atomic  # noqa: E402
+from kerple.errors import UsageError, entry_point  # noqa: E402
+from kerple.flags import check_unique  # noqa: E402
+from kerple.outputs import check_output_file  # noqa: E402
+
 ARGUMENT_FILES = ("megatron/neox_arguments/neox_args.py", "megatron/neox_arguments/deepspeed_args.py")
 OPTIMIZER_FILE = "megatron/neox_arguments/arguments.py"
 COMPUTED = "<computed at run time>"
@@ -82,24 +89,43 @@ def read_source(repo: Path, commit: str) -> tuple[str, dict[str, Any], list[str]
     return full, defaults, configs
 
 
+def parse_source(spec: str) -> tuple[str, Path, str, str]:
+    """``NAME=GIT_DIR@COMMIT[#REPOSITORY]`` -> (name, git folder, commit, repository); a malformed one,
+    or a folder that is not a git checkout, is a :class:`UsageError`."""
+    name, _, rest = spec.partition("=")
+    location, _, repository = rest.partition("#")
+    repo, _, commit = location.rpartition("@")
+    if not (name and repo and commit):
+        raise UsageError(f"--source {spec!r}: expected NAME=GIT_DIR@COMMIT[#REPOSITORY]")
+    if not (Path(repo) / ".git").exists() and not (Path(repo) / "HEAD").is_file():
+        raise UsageError(f"--source {spec!r}: {repo} is not a git checkout")
+    return name, Path(repo), commit, repository
+
+
+@entry_point("neox_defaults_table.py")
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="neox_defaults_table.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", action="append", required=True, help="NAME=GIT_DIR@COMMIT[#REPOSITORY]")
     parser.add_argument("--out", default="tests/unit/config/neox_defaults.yml")
     args = parser.parse_args(argv)
+    specs = [parse_source(spec) for spec in args.source]
+    check_unique("--source", [name for name, *_ in specs])
+    check_output_file(args.out, "--out")
     sources: dict[str, Any] = {}
     table: dict[str, dict[str, Any]] = {}
-    for spec in args.source:
-        name, _, rest = spec.partition("=")
-        location, _, repository = rest.partition("#")
-        repo, _, commit = location.rpartition("@")
-        full, defaults, configs = read_source(Path(repo), commit)
-        sources[name] = {"repository": repository or repo, "commit": full, "configs": configs}
+    for name, repo, commit, repository in specs:
+        try:
+            full, defaults, configs = read_source(repo, commit)
+        except subprocess.CalledProcessError as error:
+            raise UsageError(f"--source {name}: git {' '.join(error.cmd[3:5])} failed in {repo}: "
+                             f"{(error.stderr or '').strip() or error.returncode}") from None
+        sources[name] = {"repository": repository or str(repo), "commit": full, "configs": configs}
         for key, value in defaults.items():
             table.setdefault(key, {})[name] = value
     document = {"sources": sources, "defaults": dict(sorted(table.items()))}
     text = HEADER + yaml.safe_dump(document, sort_keys=False, default_flow_style=None, width=120)
-    Path(args.out).write_text(text, encoding="utf-8")
+    write_text_atomic(args.out, text)
     print(f"wrote {args.out}: {len(table)} keys from {', '.join(sources)}")
     return 0
 

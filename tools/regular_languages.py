@@ -21,14 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
-from kerple import atomic, positional
-from kerple.errors import KerpleError, entry_point
-from kerple.model.regular import PADDINGS
-from kerple.regular_languages.bench import ARCHS, RunSettings, plot_accuracy, run, summary_rows, summary_table
-from kerple.regular_languages.tasks import TASKS, Task, get_task
+from kerple import atomic
+from kerple.errors import KerpleError, UsageError, entry_point, exit_on_interrupt
+from kerple.flags import AT_LEAST_0, AT_LEAST_1, POSITIVE, PROBABILITY, Bounds, check_flags, check_not_more, \
+    check_unique, given_flags, refuse_unused
 from kerple.outputs import check_output_file
+from kerple.regular_languages.settings import ARCH_NAMES, PADDINGS, RunSettings, resume_conflict
+from kerple.regular_languages.tasks import TASKS, Task, get_task
 
 # --table61: every task of Table 6.1, RegularGPT C = 2 against the transformer, 3 seeds, the default
 # budget (each run stops once its training loss is below --stop-loss, or after --steps), 32 strings per length.
@@ -57,22 +56,47 @@ def parse_lengths(text: str | None, task: Task) -> list[int]:
     return lengths
 
 
-# the least value of each numeric flag (flag name, attribute, least, whether the least is excluded)
-MINIMUMS = (("--seeds", "seeds", 1, False), ("--first-seed", "first_seed", 0, False), ("--steps", "steps", 1, False),
-            ("--batch-size", "batch_size", 1, False), ("--lr", "lr", 0, True), ("--hidden-size", "hidden_size", 1, False),
-            ("--layers", "layers", 1, False), ("--eval-samples", "eval_samples", 1, False),
-            ("--chunk-size", "chunk_size", 2, False), ("--thickness", "thickness", 1, False),
-            ("--stop-loss", "stop_loss", 0, False), ("--warmup", "warmup", 0, False), ("--threads", "threads", 1, False))
+FLAG_BOUNDS = {
+    "--seeds": AT_LEAST_1, "--first-seed": AT_LEAST_0, "--steps": AT_LEAST_1, "--batch-size": AT_LEAST_1,
+    "--lr": POSITIVE, "--hidden-size": AT_LEAST_1, "--layers": AT_LEAST_1, "--eval-samples": AT_LEAST_1,
+    "--chunk-size": Bounds(least=2), "--thickness": AT_LEAST_1, "--stop-loss": AT_LEAST_0, "--warmup": AT_LEAST_0,
+    "--threads": AT_LEAST_1, "--probability": PROBABILITY,
+}
+"""Where each numeric flag may lie (every float finite as well)."""
+ONLY_FOR = {  # option -> (the task or model it applies to, where it is in args)
+    "probability": ("parity_check", "task"), "chunk_size": ("regulargpt", "arch"), "thickness": ("regulargpt", "arch"),
+    "padding": ("regulargpt", "arch"), "pos_emb": ("transformer", "arch"), "layers": ("transformer", "arch"),
+}
 
 
-def check_numbers(args: argparse.Namespace) -> None:
-    """Refuse a numeric flag below its least value, and a probability outside (0, 1), naming both."""
-    for flag, name, least, excluded in MINIMUMS:
-        value = getattr(args, name)
-        if value is not None and (value <= least if excluded else value < least):
-            raise KerpleError(f"{flag} {value}: expected {'more than' if excluded else 'at least'} {least}")
-    if not 0 < args.probability < 1:
-        raise KerpleError(f"--probability {args.probability}: P(b) is a probability in (0, 1), e.g. 0.5")
+def check_numbers(args: argparse.Namespace, given: set[str]) -> None:
+    """Refuse a numeric flag that is not finite or outside its bounds, and a warm-up longer than the
+    training, naming the flag."""
+    check_flags(args, FLAG_BOUNDS)
+    default = "" if "warmup" in given else " (the default)"
+    check_not_more("--warmup", args.warmup, "--steps", args.steps,
+                   f"the learning rate would never reach --lr; give a --warmup of at most {args.steps}",
+                   value_note=default)
+
+
+def check_combination(args: argparse.Namespace, given: set[str]) -> None:
+    """Refuse a task or model named twice, and an option typed for a task or model that is not run."""
+    check_unique("--task", args.task)
+    check_unique("--arch", args.arch)
+    unused = {name: f"applies to {target} only, which this command does not run (--{where} "
+                    f"{' '.join(getattr(args, where))})"
+              for name, (target, where) in ONLY_FOR.items() if target not in getattr(args, where)}
+    refuse_unused(given, unused)
+
+
+def check_outputs(output: str) -> None:
+    """The JSON must end in .json: the table and the plot go beside it as .md and .png."""
+    path = Path(output)
+    if path.suffix != ".json":
+        raise UsageError(f"--output {output}: name a .json file; the table and the plot are written beside it "
+                         f"({path.with_suffix('.md').name}, {path.with_suffix('.png').name})")
+    for written in (path, path.with_suffix(".md"), path.with_suffix(".png")):
+        check_output_file(written, "--output" if written == path else f"--output's {written.suffix[1:]} file")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,17 +105,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--table61", action="store_true",
                         help="every task of Table 6.1, regulargpt and transformer, 3 seeds, the CPU budget of TABLE61 "
                              "(flags given explicitly still win)")
-    parser.add_argument("--padding", choices=PADDINGS, default="pad",
+    parser.add_argument("--padding", choices=PADDINGS, default=RunSettings.padding,
                         help="RegularGPT's padding (thesis §6.2.1): pad (visible PAD state) or none (keys before "
                              "position 0 left out, the earlier reading)")
     parser.add_argument("--stop-loss", type=float, default=RunSettings.stop_loss,
                         help="stop training once the mean loss of the last 100 steps is below this (0: never)")
     parser.add_argument("--resume", action="store_true", help="keep the runs --output already holds; run the rest")
-    parser.add_argument("--arch", nargs="+", default=["regulargpt"], choices=list(ARCHS))
+    parser.add_argument("--arch", nargs="+", default=["regulargpt"], choices=list(ARCH_NAMES))
     parser.add_argument("--chunk-size", type=int, default=2, help="RegularGPT's C (Eq. 6.1)")
     parser.add_argument("--thickness", type=int, default=1, help="RegularGPT's K (shared blocks)")
-    parser.add_argument("--pos-emb", default="rpe", choices=[*positional.names(), *positional.aliases()], metavar="POS_EMB",
-                        help=f"the transformer's embedding, among: {', '.join(positional.names())}")
+    parser.add_argument("--pos-emb", default=RunSettings.pos_emb, metavar="POS_EMB",
+                        help="the transformer's embedding: a pos_emb of the registry (kerple/positional/), e.g. rpe, "
+                             "alibi, kerple_log")
     parser.add_argument("--seeds", type=int, default=3, help="seeds S..S+N-1 (S: --first-seed)")
     parser.add_argument("--first-seed", type=int, default=0, help="first seed S")
     parser.add_argument("--steps", type=int, default=RunSettings.steps, help="most training steps per run")
@@ -101,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="steps over which the learning rate rises linearly to --lr (0: none)")
     parser.add_argument("--hidden-size", type=int, default=RunSettings.hidden_size)
     parser.add_argument("--layers", type=int, default=RunSettings.transformer_layers, help="transformer baseline depth")
-    parser.add_argument("--probability", type=float, default=0.5, help="P(b) for parity_check (Table 6.2)")
+    parser.add_argument("--probability", type=float, default=RunSettings.probability, help="P(b) for parity_check (Table 6.2)")
     parser.add_argument("--eval-samples", type=int, default=RunSettings.eval_samples, help="strings per test length")
     parser.add_argument("--test-lengths", help="start:stop[:step] or a comma list (default: every test length)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -114,22 +139,27 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     """The flags, with ``--table61``'s values for every flag not given explicitly."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    given = given_flags(parser, argv)
     if args.table61:
         for key, value in TABLE61.items():
-            if getattr(args, key) == parser.get_default(key):  # a flag left at its default
+            if key not in given:
                 setattr(args, key, value)
     if not args.task:
         raise KerpleError("name the tasks with --task (or run the whole table with --table61)")
-    check_numbers(args)
+    check_numbers(args, given)
+    check_combination(args, given)
     for name in args.task:
         parse_lengths(args.test_lengths, get_task(name))
-    check_output_file(args.output, "--output")
+    check_outputs(args.output)
     return args
 
 
 def earlier_results(output: Path, resume: bool) -> list[dict]:
     """The records ``output`` already holds when resuming (none otherwise, or when it does not exist)."""
-    if not resume or not output.is_file():
+    if not resume:
+        return []
+    if not output.is_file():
+        print(f"--resume: {output} does not exist yet; every run is made", file=sys.stderr)
         return []
     try:
         return list(json.loads(output.read_text())["results"])
@@ -137,19 +167,44 @@ def earlier_results(output: Path, resume: bool) -> list[dict]:
         raise KerpleError(f"--resume: {output} is not a results file of this tool ({error}); move it away") from None
 
 
-@entry_point("regular_languages.py")
-def main(argv: list[str] | None = None) -> int:
-    args = parse_arguments(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    settings = RunSettings(
+def check_resumable(results: list[dict], settings: RunSettings, args: argparse.Namespace, output: Path) -> None:
+    """Refuse to resume ``output`` when its runs used other settings or test lengths than this call's:
+    its records would stand in the table for runs that were never made with these settings."""
+    for record in results:
+        lengths = parse_lengths(args.test_lengths, get_task(record["task"])) if record["task"] in args.task else None
+        conflict = resume_conflict(record, settings, lengths)
+        if conflict:
+            raise UsageError(f"--resume: {output} holds {conflict}; resume with the same flags, or write to another "
+                             "--output")
+
+
+def run_settings(args: argparse.Namespace) -> RunSettings:
+    """The runs' settings from the flags."""
+    return RunSettings(
         hidden_size=args.hidden_size, transformer_layers=args.layers, chunk_size=args.chunk_size,
         thickness=args.thickness, padding=args.padding, pos_emb=args.pos_emb, steps=args.steps,
         batch_size=args.batch_size, learning_rate=args.lr, warmup_steps=args.warmup, eval_samples=args.eval_samples,
         probability=args.probability, stop_loss=args.stop_loss,
     )
+
+
+@entry_point("regular_languages.py")
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    settings = run_settings(args)
     output = Path(args.output)
     results = earlier_results(output, args.resume)
+    check_resumable(results, settings, args, output)
+    with exit_on_interrupt("regular_languages.py"):  # nothing is written before the first run ends
+        import torch
+
+        from kerple import positional
+        from kerple.regular_languages import bench
+    if args.pos_emb not in (*positional.names(), *positional.aliases()):
+        raise UsageError(f"--pos-emb {args.pos_emb}: not an embedding of the registry; choose one of "
+                         f"{', '.join(positional.names())}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     done = {(r["task"], r["arch"], r["seed"]) for r in results}
     started = time.perf_counter()
     for name in args.task:
@@ -159,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
                 if (name, arch, seed) in done:
                     continue
-                record = run(task, arch, seed, settings, lengths, progress=args.progress)
+                record = bench.run(task, arch, seed, settings, lengths, progress=args.progress)
                 results.append(record)
                 print(
                     f"{name} {arch} seed {seed}: mean accuracy {100 * record['mean_accuracy']:.1f}% on lengths "
@@ -169,17 +224,19 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr, flush=True,
                 )
                 _write(output, results, time.perf_counter() - started)
-    print(summary_table(summary_rows(results)))
+    print(bench.summary_table(bench.summary_rows(results)))
     return 0
 
 
 def _write(output: Path, results: list[dict], seconds: float) -> None:
     """The JSON, the table and the plot of the results so far (atomically; rewritten after each run)."""
-    rows = summary_rows(results)
+    from kerple.regular_languages import bench
+
+    rows = bench.summary_rows(results)
     atomic.write_json_atomic(output, {"results": results, "summary": rows, "wall_seconds": seconds})
-    atomic.write_text_atomic(output.with_suffix(".md"), summary_table(rows) + "\n")
+    atomic.write_text_atomic(output.with_suffix(".md"), bench.summary_table(rows) + "\n")
     with atomic.atomic_path(output.with_suffix(".png"), suffix=".png") as path:
-        plot_accuracy(results, str(path))
+        bench.plot_accuracy(results, str(path))
 
 
 if __name__ == "__main__":

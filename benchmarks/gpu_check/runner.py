@@ -27,6 +27,7 @@ from benchmarks.gpu_check import STEP_MODULES
 from benchmarks.gpu_check import report as reports
 from benchmarks.gpu_check.context import KILL_GRACE_S, REPO, SCALES, Skip, StepContext
 from benchmarks.gpu_check.report import StepResult
+from kerple.errors import entry_point
 
 WORK = Path(tempfile.gettempdir()) / "kerple-gpu-check"  # scratch: never inside the report folder
 SITE = Path(tempfile.gettempdir()) / "kerple-gpu-site"  # distributions installed from .whl/
@@ -88,6 +89,10 @@ def run_step_isolated(number: int, args: argparse.Namespace, budget: float) -> S
         os.killpg(child.pid, signal.SIGKILL)  # the child's own session: it and what it started
         child.wait()
         killed = True
+    except KeyboardInterrupt:  # the child, in its own session, did not get the Ctrl-C: end it too
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        raise
     try:
         result = StepResult.from_dict(json.loads(result_file.read_text()))
     except (OSError, ValueError):
@@ -124,7 +129,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       help="step 8 alone: where a 162M bf16 training step's time goes (none, kerple_log), 150 s")
     parser.add_argument("--steps", default="all",
                         help="comma-separated step numbers (default: 1-7, or 1,3,4 with --quick, 8 with --profile)")
-    parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
+                        help="auto: cuda, refused without a CUDA device; cpu: the harness's own test at tiny scale")
     parser.add_argument("--scale", default="auto", choices=("auto", *SCALES),
                         help="full (or quick, profile) on CUDA, tiny (or tiny-quick, tiny-profile: the harness's own "
                              "tests) on CPU")
@@ -137,10 +143,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--in-process", action="store_true", help="run the steps in this process")
     parser.add_argument("--worker-step", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    for flag in ("--budget", "--total-budget"):  # seconds: finite, more than 0
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and not 0 < value < float("inf"):
+            parser.error(f"{flag} {value}: expected a finite number of seconds more than 0")
     if args.device == "auto":
         import torch
 
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if not torch.cuda.is_available():
+            built = "built without CUDA" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+            parser.exit(2, f"gpu_check.py: error: torch {torch.__version__} ({built}) sees no CUDA device: nothing was "
+                           "checked. Run it on a GPU machine; --device cpu runs the harness itself at tiny scale "
+                           "(its own test, not a check of this machine)\n")
+        args.device = "cuda"
     if args.scale == "auto":
         mode = "quick" if args.quick else "profile" if args.profile else "full"
         args.scale = mode if args.device == "cuda" else {"full": "tiny"}.get(mode, f"tiny-{mode}")
@@ -174,6 +189,7 @@ def install_wheels(site: Path = SITE) -> list[str]:
     return notes
 
 
+@entry_point("gpu_check.py")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # DeepSpeed picks its accelerator from this variable (the Makefile defaults it to cpu); child

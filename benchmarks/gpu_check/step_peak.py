@@ -22,8 +22,8 @@ def run(ctx: StepContext) -> None:
     for size in (ctx.scale.peak_size // 2, ctx.scale.peak_size):
         flops = measure_peak_flops(ctx.device, dtype, size, repeats=10)
         best = max(best, flops)
-        table.rows.append([f"{size}x{size}x{size}", str(dtype).removeprefix("torch."), f"{flops / 1e12:.2f}"])
-        ctx.progress(f"{size}: {flops / 1e12:.2f} TFLOP/s")
+        table.rows.append([f"{size}x{size}x{size}", str(dtype).removeprefix("torch."), f"{flops / 1e12:.3g}"])
+        ctx.progress(f"{size}: {flops / 1e12:.3g} TFLOP/s")
     ctx.result.metrics = {"peak_flops": best, "dtype": str(dtype).removeprefix("torch.")}
     ctx.result.status = "passed"
-    ctx.result.reason = f"peak {best / 1e12:.2f} TFLOP/s ({str(dtype).removeprefix('torch.')})"
+    ctx.result.reason = f"peak {best / 1e12:.3g} TFLOP/s ({str(dtype).removeprefix('torch.')})"

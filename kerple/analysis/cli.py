@@ -23,6 +23,7 @@ from kerple.analysis.common import (
 from kerple.analysis.errors import AnalysisError
 from kerple.config import split_arguments
 from kerple.errors import entry_point
+from kerple.flags import POSITIVE, check_number
 from kerple.outputs import check_output_file
 from kerple.runs import checkpoint_folder
 
@@ -318,8 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     loads = args.load or []  # --load appends: a list, or None
     check_output_file(args.output, "--output", inputs=yamls, folders=loads)
     check_output_file(png_beside(args.output, args.plot), "--plot", inputs=[*yamls, args.output], folders=loads)
-    for name in ("length", "num_sequences", "num_samples", "samples"):
+    for name in ("length", "num_sequences", "num_samples", "samples", "train_length"):
         if getattr(args, name, None) is not None and getattr(args, name) < 1:
             raise AnalysisError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be positive")
+    if getattr(args, "sigma", None) is not None:
+        check_number("--sigma", args.sigma, POSITIVE)
     args.run(args)
     return 0

@@ -94,9 +94,12 @@ def _staged_tag(
         if parallel.is_main:
             shutil.rmtree(tmp_dir, ignore_errors=True)
         reason = f": {error}" if error is not None else " on another rank"
+        latest = root / LATEST_FILE
+        kept = (f"{latest} still names {latest.read_text().strip()}" if latest.is_file()
+                else f"{root} holds no checkpoint of this run yet")
         raise CheckpointError(
-            f"saving checkpoint {final_dir} failed{reason}. Nothing was committed; "
-            f"{root / LATEST_FILE} still names the previous checkpoint. Free disk space or change the output folder."
+            f"saving checkpoint {final_dir} failed{reason}. Nothing was committed and the partial files were "
+            f"removed; {kept}. Free disk space or change the output folder, then run the same command again."
         ) from error
     if parallel.is_main:
         try:

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from kerple.cli import split_arguments  # noqa: F401 - re-exported: kerple.config.split_arguments
 from kerple.config.config import Config
 from kerple.config.errors import COMMAND_LINE, DEFAULT, SOURCES_COMMENT, THIS_COMMAND, ConfigError
 from kerple.config.neox_checks import compatibility_note
@@ -219,14 +220,3 @@ def _recorded_sources(path: str | os.PathLike, entries: dict[str, Entry]) -> dic
         source, written = recorded.get(ident, (DEFAULT, key_of(ident)))
         restored[ident] = Entry(entry.value, str(source), str(written))
     return restored
-
-
-def split_arguments(arguments: Iterable[str]) -> tuple[list[str], list[str]]:
-    """Split command-line words into YAML paths and ``key=value`` overrides (words with ``=``),
-    each in the order given; every entry point reads its config arguments this way."""
-    paths: list[str] = []
-    overrides: list[str] = []
-    for word in arguments:
-        (overrides if "=" in word else paths).append(word)
-    return paths, overrides
-

@@ -29,21 +29,25 @@ from kerple.data.indexed_dataset import MMapIndexedDataset
 SPLIT_NAMES = ("train", "valid", "test")
 
 
-def split_boundaries(split: str, num_documents: int) -> list[int]:
-    """Item index boundaries ``[0, a, b, n]`` of the train/valid/test ranges for a split string.
-
-    Weights are separated by "," (or "/"), missing ones are 0, and each range gets
-    ``round(weight / total * n)`` items, the rounding error taken from the start so the last
-    boundary is ``n`` (the reference's rule).
-    """
+def split_weights(split: str) -> list[float]:
+    """The train, valid and test weights of a split string: one to three non-negative numbers with a
+    positive sum, separated by "," (or "/"); the missing ones are 0 (the reference's rule)."""
     separator = "," if "," in split else "/"
     try:
         weights = [float(part) for part in split.split(separator) if part.strip() != ""]
     except ValueError as error:
         raise DataError(f"split {split!r}: expected weights like '949,50,1'") from error
-    if not weights or any(w < 0 for w in weights) or sum(weights) <= 0 or len(weights) > 3:
+    if not weights or any(not w >= 0 for w in weights) or not 0 < sum(weights) < float("inf") or len(weights) > 3:
         raise DataError(f"split {split!r}: expected 1 to 3 non-negative weights with a positive sum")
-    weights = (weights + [0.0, 0.0])[:3]
+    return (weights + [0.0, 0.0])[:3]
+
+
+def split_boundaries(split: str, num_documents: int) -> list[int]:
+    """Item index boundaries ``[0, a, b, n]`` of the train/valid/test ranges for a split string
+    (:func:`split_weights`): each range gets ``round(weight / total * n)`` items, the rounding error
+    taken from the start so the last boundary is ``n`` (the reference's rule).
+    """
+    weights = split_weights(split)
     total = sum(weights)
     bounds = [0]
     for weight in weights:

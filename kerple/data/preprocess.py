@@ -26,6 +26,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from kerple.data.errors import DataError
-from kerple.errors import entry_point
+from kerple.errors import children_ignore_interrupt, entry_point, exit_on_interrupt, future_result
 from kerple.outputs import check_output_folder
 from kerple.progress import progress_bar
 from kerple.data.gpt2_dataset import split_boundaries
@@ -41,7 +42,7 @@ from kerple.data.fetch import ensure_standard_tokenizer, write_atomic
 from kerple.data.indexed_dataset import IndexedDatasetWriter, MMapIndexedDataset, best_fitting_dtype, dataset_exists
 from kerple.data.readers import ReadStats, iter_input_files
 from kerple.data.sources import SOURCES, Corpus, SourceContext, get_source
-from kerple.data.tokenizers import MIN_BPE_VOCAB, Tokenizer, build_tokenizer, train_bpe_tokenizer
+from kerple.data.tokenizers import MIN_BPE_VOCAB, HFTokenizer, Tokenizer, build_tokenizer, train_bpe_tokenizer
 
 BATCH_DOCS = 64
 BATCH_CHARS = 2_000_000
@@ -74,6 +75,8 @@ class PrepareResult:
     workers: int = 1
     append_eod: bool = True
     requested_split: str = "949,50,1"
+    limit: int | None = None
+    """``--limit``: the first N documents of a local source were used (``None``: all)."""
     source: dict[str, Any] = field(default_factory=dict)
     documents: dict[str, list[str]] = field(default_factory=dict)
     """The held-out parts' document names in stored order (``evaluate.py --per-document`` prints them)."""
@@ -141,28 +144,30 @@ def _encoded(batches: Iterable[tuple[str, list[str]]], tokenizer: Tokenizer, wor
             yield (name, sum(map(len, batch)), *_encode_batch(batch))
         return
     context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, _init_worker, (tokenizer, append_eod, dtype.str)) as pool:
+    with children_ignore_interrupt():
+        pool = context.Pool(workers, _init_worker, (tokenizer, append_eod, dtype.str))
+    with pool:
         pending: deque[tuple[str, int, Any]] = deque()
         for name, batch in batches:
             pending.append((name, sum(map(len, batch)), pool.apply_async(_encode_batch, (batch,))))
             if len(pending) >= 2 * workers:
                 part, characters, handle = pending.popleft()
-                yield (part, characters, *handle.get())
+                yield (part, characters, *future_result(handle))
         while pending:
             part, characters, handle = pending.popleft()
-            yield (part, characters, *handle.get())
+            yield (part, characters, *future_result(handle))
 
 
 def tokenize_corpus(corpus: Corpus, tokenizer: Tokenizer, prefix: str | Path, workers: int = 1,
                     append_eod: bool = True, progress: bool = True, split: str = "949,50,1",
-                    max_invalid_share: float = MAX_INVALID_SHARE) -> PrepareResult:
+                    max_invalid_share: float = MAX_INVALID_SHARE, limit: int | None = None) -> PrepareResult:
     """Tokenize every part of ``corpus`` into ``<prefix>.{bin,idx}`` and, when there are several
     parts, also ``<prefix without _text_document>_<part>_text_document``. All or nothing: nothing
     is written when more than ``max_invalid_share`` of the input bytes are not UTF-8."""
     prefix = str(prefix)
     dtype = np.dtype(best_fitting_dtype(tokenizer.vocab_size))
     result = PrepareResult(prefix, tokenizer.describe(), workers=workers, append_eod=append_eod,
-                           requested_split=split, source=dict(corpus.details))
+                           requested_split=split, limit=limit, source=dict(corpus.details))
     split_parts = [name for name in corpus.parts if name != "all"] if len(corpus.parts) > 1 else []
     stem = prefix[: -len("_text_document")] if prefix.endswith("_text_document") else prefix
     result.split_prefixes = {name: f"{stem}_{name}_text_document" for name in split_parts}
@@ -236,9 +241,9 @@ def info_path(prefix: str | Path) -> Path:
     return Path(f"{prefix}.info.json")
 
 
-def already_prepared(prefix: str | Path, tokenizer: Tokenizer) -> dict[str, Any] | None:
-    """The info of a complete earlier run with the same tokenizer, else None; a run with another
-    tokenizer is an error (use --force)."""
+def already_prepared(prefix: str | Path, tokenizer: Tokenizer, args: argparse.Namespace) -> dict[str, Any] | None:
+    """The info of a complete earlier run with the same tokenizer, ``--split`` and ``--limit`` (printed
+    with its config lines), else None; a run with other settings is an error (use --force)."""
     info_file = info_path(prefix)
     if not (dataset_exists(prefix) and info_file.is_file()):
         return None
@@ -246,7 +251,13 @@ def already_prepared(prefix: str | Path, tokenizer: Tokenizer) -> dict[str, Any]
     if info.get("tokenizer") != tokenizer.describe():
         raise DataError(f"{prefix}: already prepared with {info.get('tokenizer')}; "
                         "pass --force to redo it with this tokenizer, or use another --data-dir")
+    for flag, key, now in (("--split", "requested_split", args.split), ("--limit", "limit", args.limit)):
+        if key in info and info[key] != now:
+            raise DataError(f"{prefix}: already prepared with {flag} {info[key]}, not {now}; pass --force to redo it, "
+                            "or use another --data-dir")
     MMapIndexedDataset(prefix)
+    print(f"{prefix}: already prepared (use --force to redo)\n{summary(info)}")
+    print("\nConfig lines:\n" + config_lines(info))
     return info
 
 
@@ -269,6 +280,9 @@ def summary(info: dict[str, Any]) -> str:
     """Counts, speed and replacements of a run, for the terminal."""
     rows = [f"  {name:>5}: {part['documents']:>8,} docs {part['tokens']:>12,} tokens"
             for name, part in info["parts"].items()]
+    if "train" in info["parts"]:  # a source with held-out parts: say which one --split left out
+        rows += [f"  {name:>5}: none (--split {info.get('requested_split')} gives it weight 0)"
+                 for name in ("valid", "test") if name not in info["parts"]]
     seconds = info.get("seconds") or 0.0
     speed = f"{info['tokens'] / seconds:,.0f} tokens/s, {info['workers']} worker(s)" if seconds else ""
     text = "\n".join([f"{info['prefix']}: {info['tokens']:,} tokens  {speed}", *rows])
@@ -316,7 +330,9 @@ def parser() -> argparse.ArgumentParser:
     cli.add_argument("--force", action="store_true", help="redo a dataset that is already prepared")
     cli.add_argument("--no-append-eod", dest="append_eod", action="store_false",
                      help="do not end each document with the EOD token")
-    cli.add_argument("--split", default="949,50,1", help="held-out proportions for local sources")
+    cli.add_argument("--split", default="949,50,1",
+                     help="train,valid,test weights for local sources: one to three, the missing ones 0 "
+                          "(949,50 holds out no test part); default 949,50,1")
     cli.add_argument("--url", action="append", default=[], help="download URL (repeat for mirrors)")
     cli.add_argument("--limit", type=int, help="use only the first N documents of a local source")
     cli.add_argument("--root", action="append", default=[], metavar="DIR",
@@ -337,8 +353,8 @@ def check_options(args: argparse.Namespace) -> None:
     try:
         split_boundaries(args.split, 1)
     except DataError:
-        raise DataError(f"--split {args.split}: expected the train, valid and test weights, non-negative with a "
-                        "positive sum, e.g. 949,50,1") from None
+        raise DataError(f"--split {args.split}: expected one to three weights (train, valid, test; the missing "
+                        "ones 0), non-negative with a positive sum, e.g. 949,50,1") from None
     if not 0 <= args.max_invalid_bytes <= 1:
         raise DataError(f"--max-invalid-bytes {args.max_invalid_bytes}: a share between 0 and 1 (0.01 = 1%)")
     if args.limit is not None and args.limit < 1:
@@ -378,6 +394,7 @@ def run(argv: list[str] | None = None) -> PrepareResult | dict[str, Any]:
                 what = "is a folder; --input takes files (list them, comma-separated)" if Path(path).is_dir() else "input file not found"
                 raise DataError(f"{path}: {what}")
         prefix, default_type = f"{args.output_prefix}_{keys[0]}_document", "HFTokenizer"
+        source = context = None
         check_output_folder(Path(prefix).parent, f"--output-prefix {args.output_prefix}: the folder")
     else:
         source = get_source(args.dataset)
@@ -395,23 +412,56 @@ def run(argv: list[str] | None = None) -> PrepareResult | dict[str, Any]:
                                 tuple(Path(root) for root in args.root))
         corpus = None
     if args.train_tokenizer is not None:
-        if corpus is None:
-            corpus = source.build(context)
-        training_part = corpus.parts.get("train") or corpus.parts["all"]
-        tokenizer_path = Path(prefix).parent / f"{Path(prefix).parent.name}_bpe{args.train_tokenizer}.json"
-        tokenizer: Tokenizer = train_bpe_tokenizer(training_part(ReadStats()), args.train_tokenizer, tokenizer_path)
-    else:
-        tokenizer = resolve_tokenizer(args, data_dir, default_type)
-    if not args.force:
-        previous = already_prepared(prefix, tokenizer)
+        return _with_trained_tokenizer(args, prefix, corpus, source, context)
+    tokenizer = resolve_tokenizer(args, data_dir, default_type)
+    previous = None if args.force else already_prepared(prefix, tokenizer, args)
+    if previous is not None:
+        return previous
+    if corpus is None:
+        corpus = source.build(context)
+    return _tokenize(args, corpus, tokenizer, prefix)
+
+
+def _with_trained_tokenizer(args: argparse.Namespace, prefix: str, corpus: Corpus | None, source: Any,
+                            context: Any) -> PrepareResult | dict[str, Any]:
+    """``--train-tokenizer``: a dataset already prepared with the tokenizer file is kept as it is (no
+    training again); otherwise a BPE is trained on the train part and the corpus tokenized with it.
+    The tokenizer file is kept only with its dataset: a run that fails or is stopped leaves the file
+    as it found it."""
+    tokenizer_path = Path(prefix).parent / f"{Path(prefix).parent.name}_bpe{args.train_tokenizer}.json"
+    if tokenizer_path.is_file() and not args.force:
+        previous = already_prepared(prefix, HFTokenizer(tokenizer_path), args)
         if previous is not None:
-            print(f"{prefix}: already prepared (use --force to redo)\n{summary(previous)}")
-            print("\nConfig lines:\n" + config_lines(previous))
             return previous
     if corpus is None:
         corpus = source.build(context)
+    training_part = corpus.parts.get("train") or corpus.parts["all"]
+    with kept_only_with_its_dataset(tokenizer_path):
+        # the tokenizers library swallows Ctrl-C while it trains: stop at once instead (nothing is written yet)
+        with exit_on_interrupt("prepare_data.py"):
+            tokenizer = train_bpe_tokenizer(training_part(ReadStats()), args.train_tokenizer, tokenizer_path)
+        return _tokenize(args, corpus, tokenizer, prefix)
+
+
+@contextmanager
+def kept_only_with_its_dataset(path: Path) -> Iterator[None]:
+    """``path`` as it was before the body unless the body ends normally: a tokenizer trained for a
+    dataset that was not written (an error, Ctrl-C) is removed, or the earlier file is put back."""
+    before = path.read_bytes() if path.is_file() else None
+    try:
+        yield
+    except BaseException:
+        if before is None:
+            path.unlink(missing_ok=True)
+        elif not path.is_file() or path.read_bytes() != before:
+            write_atomic(path, before)
+        raise
+
+
+def _tokenize(args: argparse.Namespace, corpus: Corpus, tokenizer: Tokenizer, prefix: str) -> PrepareResult:
+    """Tokenize ``corpus`` into ``prefix`` and print what was written and the config lines."""
     result = tokenize_corpus(corpus, tokenizer, prefix, args.workers, args.append_eod, not args.quiet, args.split,
-                             args.max_invalid_bytes)
+                             args.max_invalid_bytes, limit=args.limit)
     info = json.loads(info_path(prefix).read_text())
     print(summary(info))
     print("\nConfig lines:\n" + config_lines(info))

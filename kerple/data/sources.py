@@ -24,7 +24,7 @@ from typing import Any
 
 from kerple.data.errors import DataError
 from kerple.data.fetch import apt_download_and_extract, download_url, pip_download
-from kerple.data.gpt2_dataset import SPLIT_NAMES, split_boundaries
+from kerple.data.gpt2_dataset import SPLIT_NAMES, split_boundaries, split_weights
 from kerple.data.local_python import default_roots, python_files, roots_from_paths
 from kerple.data.readers import ReadStats, decode_utf8_counting, iter_jsonl, reading
 
@@ -111,24 +111,34 @@ def path_hash(key: str) -> str:
 def hold_out(refs: Sequence[DocumentRef], split: str,
              min_bytes: int = HELD_OUT_MIN_BYTES) -> dict[str, list[DocumentRef]]:
     """Assign documents to train/valid/test by path hash: test takes the first documents in hash
-    order, valid the next, train the rest. Each held-out part gets the count that ``split`` gives the
-    reference's contiguous ranges, and while a part with a positive share holds fewer than
-    ``min_bytes`` (at most :data:`HELD_OUT_MAX_SHARE` of the corpus) it takes the next document too.
-    The written ``split`` string gives the resulting counts, so ``data-path`` + ``split`` and the
-    separate per-split files hold the same documents. Within a split, documents are ordered by key."""
+    order, valid the next, train the rest. Each part gets the count that ``split`` gives the
+    reference's contiguous ranges; a held-out part with a positive weight gets at least one document,
+    and while it holds fewer than ``min_bytes`` (at most :data:`HELD_OUT_MAX_SHARE` of the corpus) it
+    takes the next document too. The written ``split`` string gives the resulting counts, so
+    ``data-path`` + ``split`` and the separate per-split files hold the same documents. Within a
+    split, documents are ordered by key. Too few documents for every part with a weight is a
+    :class:`DataError`."""
+    weights = dict(zip(SPLIT_NAMES, split_weights(split)))
+    wanted = [name for name in SPLIT_NAMES if weights[name] > 0]
+    if len(refs) < len(wanted):
+        raise DataError(f"{len(refs)} document(s) cannot fill the {len(wanted)} parts --split {split} gives a weight "
+                        f"({', '.join(wanted)}): use more documents (a larger --limit), or give a part weight 0")
     bounds = split_boundaries(split, len(refs))
     counts = {name: bounds[i + 1] - bounds[i] for i, name in enumerate(SPLIT_NAMES)}
     ranked = sorted(refs, key=lambda ref: path_hash(ref.key))
     sizes = [ref.size() for ref in ranked] if min_bytes > 0 else [0] * len(ranked)
     floor = min(min_bytes, HELD_OUT_MAX_SHARE * sum(sizes))
-    keep_for_train = 1 if counts["train"] else 0
     groups: dict[str, list[DocumentRef]] = {}
     start = 0
     for name in ("test", "valid"):
+        # documents the parts after this one need: one for each with a weight
+        reserve = sum(1 for later in SPLIT_NAMES[:SPLIT_NAMES.index(name)] if weights[later] > 0)
         end = start + counts[name]
-        if counts[name]:
-            while sum(sizes[start:end]) < floor and end < len(ranked) - keep_for_train:
+        if weights[name] > 0:
+            end = max(end, start + 1)
+            while sum(sizes[start:end]) < floor and end < len(ranked) - reserve:
                 end += 1
+            end = min(end, len(ranked) - reserve)
         groups[name] = ranked[start:end]
         start = end
     groups["train"] = ranked[start:]

@@ -10,7 +10,7 @@ position on every test length. Models: ``regulargpt`` (:class:`~kerple.model.reg
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Callable
 
 import numpy as np
@@ -19,37 +19,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from kerple.progress import progress_bar
+from kerple.regular_languages.settings import ARCH_NAMES, STOP_WINDOW, RunSettings
 from kerple.regular_languages.tasks import Task, TaskError, sample_batch
 from kerple.regular_languages.thesis import TABLE_6_1, thesis_column
 
 
-@dataclass
-class RunSettings:
-    """Model size and training budget of one run (tiny CPU defaults; the thesis' are in Table 6.5).
-
-    The budget learns Parity Check from every seed tried (``benchmarks/regular_seeds.py``): Adam at
-    1e-3 warmed up over the first 1,000 steps, at most 8,000 steps, stopping once the training loss
-    is below 0.001. Without the warm-up, 1e-3 from the first step stalls some seeds at chance for
-    good; 3e-4 throughout learns more of them, slowly (docs/regular-languages.md)."""
-
-    hidden_size: int = 64
-    num_heads: int = 4
-    transformer_layers: int = 3
-    chunk_size: int = 2
-    thickness: int = 1
-    padding: str = "pad"
-    pos_emb: str = "rpe"
-    steps: int = 8000
-    batch_size: int = 64
-    learning_rate: float = 1e-3
-    warmup_steps: int = 1000
-    eval_samples: int = 100
-    eval_batch: int = 50
-    probability: float = 0.5
-    stop_loss: float = 0.001  # stop once the mean loss of the last STOP_WINDOW steps is below (0: never)
-
-
-STOP_WINDOW = 100
 
 
 class LSTMClassifier(nn.Module):
@@ -97,12 +71,8 @@ def lstm(task: Task, settings: RunSettings) -> nn.Module:
     return LSTMClassifier(classifier_vocab(task), settings.hidden_size)
 
 
-CLASSIFIERS: dict[str, Callable[[Task, RunSettings], nn.Module]] = {
-    "regulargpt": regular_gpt,
-    "transformer": transformer,
-    "rnn": lstm,
-}
-ARCHS: tuple[str, ...] = tuple(CLASSIFIERS)
+CLASSIFIERS: dict[str, Callable[[Task, RunSettings], nn.Module]] = dict(zip(ARCH_NAMES, (regular_gpt, transformer, lstm)))
+ARCHS: tuple[str, ...] = ARCH_NAMES
 
 
 def classifier_vocab(task: Task) -> int:

@@ -94,7 +94,7 @@ def pos_embs_and_roots(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple
 def settings_from(args: argparse.Namespace) -> tuple[Settings, Outputs]:
     """The reproduction's settings and report outputs from the command line (``ReproduceError`` if bad)."""
     scale = SCALES[args.scale]
-    if args.minutes < 0:
+    if not 0 <= args.minutes < float("inf"):
         raise ReproduceError(f"--minutes {args.minutes:g}: give a positive number of minutes, or 0 for no limit")
     tokens = parse_tokens(args.tokens) if args.tokens else scale.default_tokens
     names, roots = pos_embs_and_roots(args)

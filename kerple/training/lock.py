@@ -37,7 +37,10 @@ class SaveLock:
                 ) from None
             if self.path.exists() and os.stat(self.path).st_ino == os.fstat(fd).st_ino:
                 os.ftruncate(fd, 0)
-                os.write(fd, str(os.getpid()).encode())
+                try:
+                    os.write(fd, str(os.getpid()).encode())
+                except OSError:  # a full disk: the flock is the lock; its process id is only for the message
+                    pass
                 self._fd = fd
                 return
             os.close(fd)  # the file was removed by the run that just released it: lock the new one

@@ -159,3 +159,16 @@ def test_profile_busy_fraction_and_kernel_ranking() -> None:
     assert [row[0] for row in rows] == ["gemm", "softmax", "copy"]
     assert rows[0][1:] == ["1", "0.040", f"{80 / 101:.1%}"]  # 2 calls over 2 steps, 80 µs of 101
     assert kernel_summary([], steps=1, wall_us=10) == (None, [])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a CUDA device")
+def test_quick_without_a_gpu_says_nothing_was_checked(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--quick on a CPU machine ran the harness's CPU test and ended 'passed' with a 0.00 TFLOP/s peak."""
+    from benchmarks.gpu_check import runner
+
+    with pytest.raises(SystemExit) as stopped:
+        runner.main(["--quick", "--output", str(tmp_path / "report")])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "sees no CUDA device: nothing was checked" in err and err.count("\n") == 1
+    assert not (tmp_path / "report").exists()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kerple.regular_languages import bench
 from kerple.regular_languages.bench import summary_rows, summary_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,11 +42,11 @@ def test_table61_runs_every_task_and_resume_skips_what_is_done(tmp_path: Path, m
     def fake_run(task, arch, seed, settings, lengths, progress=False):
         calls.append((task.name, arch, seed))
         return {"task": task.name, "arch": arch, "seed": seed, "train_max_length": task.train_max_length,
-                "accuracy": {str(lengths[0]): 0.5}, "mean_accuracy": 0.5, "train_length_accuracy": 0.5,
+                "accuracy": {str(length): 0.5 for length in lengths}, "mean_accuracy": 0.5, "train_length_accuracy": 0.5,
                 "steps": settings.steps, "train_seconds": 0.0, "test_seconds": 0.0, "settings": {"chunk_size": 2}}
 
-    monkeypatch.setattr(tool, "run", fake_run)
-    monkeypatch.setattr(tool, "plot_accuracy", lambda results, path: Path(path).write_bytes(b"png"))
+    monkeypatch.setattr(bench, "run", fake_run)
+    monkeypatch.setattr(bench, "plot_accuracy", lambda results, path: Path(path).write_bytes(b"png"))
     output = tmp_path / "t.json"
     assert tool.main(["--table61", "--seeds", "1", "--output", str(output)]) == 0
     assert len(calls) == 12 * 2 and {arch for _, arch, _ in calls} == {"regulargpt", "transformer"}
@@ -58,7 +59,7 @@ def test_table61_runs_every_task_and_resume_skips_what_is_done(tmp_path: Path, m
 def test_tool_writes_results_table_and_plot(tmp_path: Path) -> None:
     output = tmp_path / "out.json"
     argv = ["--task", "parity_check", "--arch", "regulargpt", "transformer", "rnn", "--seeds", "2", "--steps", "2",
-            "--batch-size", "4", "--hidden-size", "16", "--eval-samples", "6", "--test-lengths", "41,50,64",
+            "--warmup", "0", "--batch-size", "4", "--hidden-size", "16", "--eval-samples", "6", "--test-lengths", "41,50,64",
             "--probability", "0.3", "--output", str(output)]
     assert load_tool().main(argv) == 0
     doc = json.loads(output.read_text())
@@ -83,7 +84,7 @@ def test_bad_lengths_are_a_user_error(tmp_path: Path, capsys: pytest.CaptureFixt
     (["--steps", "-1"], "--steps -1: expected at least 1"),
     (["--lr", "0"], "--lr 0.0: expected more than 0"),
     (["--chunk-size", "1"], "--chunk-size 1: expected at least 2"),
-    (["--probability", "1.5"], "--probability 1.5: P(b) is a probability in (0, 1)"),
+    (["--probability", "1.5"], "--probability 1.5: expected more than 0 and below 1"),
     (["--test-lengths", "5:1"], "--test-lengths '5:1': gives no length"),
     (["--test-lengths", "0,3"], "--test-lengths '0,3': gives a length below 1"),
 ])
@@ -123,11 +124,11 @@ def test_warmup_flag_reaches_the_runs_and_is_checked(tmp_path: Path, monkeypatch
                                                       capsys: pytest.CaptureFixture) -> None:
     tool = load_tool()
     seen = []
-    monkeypatch.setattr(tool, "run", lambda task, arch, seed, settings, lengths, progress=False: seen.append(settings) or
+    monkeypatch.setattr(bench, "run", lambda task, arch, seed, settings, lengths, progress=False: seen.append(settings) or
                         {"task": task.name, "arch": arch, "seed": seed, "train_max_length": 40, "accuracy": {"41": 1.0},
                          "mean_accuracy": 1.0, "train_length_accuracy": 1.0, "steps": 1, "train_seconds": 0.0,
                          "test_seconds": 0.0, "settings": {"chunk_size": 2}})
-    monkeypatch.setattr(tool, "plot_accuracy", lambda results, path: Path(path).write_bytes(b"png"))
+    monkeypatch.setattr(bench, "plot_accuracy", lambda results, path: Path(path).write_bytes(b"png"))
     argv = ["--task", "parity_check", "--seeds", "1", "--output", str(tmp_path / "w.json")]
     assert tool.main([*argv, "--warmup", "7"]) == 0
     assert seen[0].warmup_steps == 7 and seen[0].learning_rate == 1e-3
@@ -148,8 +149,9 @@ def test_seeds_benchmark_counts_the_seeds_at_the_threshold(tmp_path: Path, monke
     accuracy = {100: 0.99, 101: 0.94, 102: 0.95}  # seed 101 is short of 95%
 
     def fake_seed(name, seed, lengths, threads):
-        return {"task": name, "seed": seed, "steps": 10 * seed, "train_seconds": 1.0, "test_seconds": 2.0,
-                "train_length_accuracy": 1.0, "mean_accuracy": accuracy[seed]}
+        return {"task": name, "arch": "regulargpt", "seed": seed, "steps": 10 * seed, "train_seconds": 1.0,
+                "test_seconds": 2.0, "train_length_accuracy": 1.0, "mean_accuracy": accuracy[seed],
+                "accuracy": {str(length): accuracy[seed] for length in lengths}}
 
     monkeypatch.setattr(bench, "one_seed", fake_seed)
     output = tmp_path / "seeds.json"
@@ -158,4 +160,97 @@ def test_seeds_benchmark_counts_the_seeds_at_the_threshold(tmp_path: Path, monke
     assert bench.main(["--seeds", "3", "--expect", "3", "--output", str(output), "--resume"]) == 1  # nothing re-run
     assert [r["seed"] for r in json.loads(output.read_text())["results"]] == [100, 101, 102]
     with pytest.raises(SystemExit):
-        bench.main(["--jobs", "0"])
+        bench.main(["--task", "nope"])
+    assert bench.main(["--jobs", "0"]) == 2
+    assert "--jobs 0: expected at least 1" in capsys.readouterr().err
+    assert bench.main(["--seeds", "3", "--expect", "4"]) == 2  # could never pass
+    assert "--expect 4 is more than --seeds 3" in capsys.readouterr().err
+    assert bench.main(["--threshold", "nan"]) == 2
+    assert bench.main(["--seeds", "3", "--every", "2", "--output", str(output), "--resume"]) == 2
+    assert "holds parity_check regulargpt seed 100 run with test lengths 41-500 (460)" in capsys.readouterr().err
+
+
+def fake_record(task, arch, seed, settings, lengths, progress=False) -> dict:
+    from dataclasses import asdict
+
+    return {"task": task.name, "arch": arch, "seed": seed, "train_max_length": task.train_max_length,
+            "accuracy": {str(length): 0.5 for length in lengths}, "mean_accuracy": 0.5, "train_length_accuracy": 0.5,
+            "steps": settings.steps, "train_seconds": 0.0, "test_seconds": 0.0, "settings": asdict(settings)}
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--lr", "nan"], "--lr nan: expected a finite number more than 0"),
+    (["--lr", "inf"], "--lr inf: expected a finite number more than 0"),
+    (["--stop-loss", "nan"], "--stop-loss nan: expected a finite number at least 0"),
+    (["--stop-loss=-inf"], "--stop-loss -inf: expected a finite number at least 0"),
+    (["--probability", "nan"], "--probability nan: expected a finite number more than 0 and below 1"),
+    (["--warmup", "9000"], "--warmup 9000 is more than --steps 8000: the learning rate would never reach --lr"),
+    (["--steps", "10", "--warmup", "11"], "--warmup 11 is more than --steps 10"),
+    (["--steps", "100"], "--warmup 1000 (the default) is more than --steps 100"),
+    (["--task", "tomita3", "--probability", "0.3"], "--probability: applies to parity_check only"),
+    (["--arch", "transformer", "--chunk-size", "3"], "--chunk-size: applies to regulargpt only"),
+    (["--arch", "rnn", "--padding", "none"], "--padding: applies to regulargpt only"),
+    (["--pos-emb", "alibi"], "--pos-emb: applies to transformer only"),
+    (["--layers", "2"], "--layers: applies to transformer only"),
+    (["--task", "parity_check", "parity_check"], "--task: parity_check is named twice"),
+    (["--arch", "rnn", "rnn"], "--arch: rnn is named twice"),
+])
+def test_flags_that_cannot_do_what_they_say_are_refused_before_any_run(
+    flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bench, "run", lambda *args, **kwargs: pytest.fail("a run started"))
+    argv = ["--task", "parity_check", *flags] if "--task" not in flags else flags
+    assert load_tool().main([*argv, "--output", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name", ["r.md", "r.png", "r"])
+def test_an_output_the_table_or_plot_would_overwrite_is_refused(name: str, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    assert load_tool().main(["--task", "parity_check", "--output", str(tmp_path / name)]) == 2
+    assert f"--output {tmp_path / name}: name a .json file" in capsys.readouterr().err
+
+
+def test_options_of_the_runs_asked_for_are_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+    monkeypatch.setattr(bench, "run", lambda *args, **kwargs: seen.append(args[3]) or fake_record(*args))
+    monkeypatch.setattr(bench, "plot_accuracy", lambda results, path: Path(path).write_bytes(b"png"))
+    argv = ["--task", "parity_check", "--arch", "transformer", "regulargpt", "--pos-emb", "alibi", "--layers", "2",
+            "--chunk-size", "3", "--probability", "0.3", "--seeds", "1", "--test-lengths", "41",
+            "--output", str(tmp_path / "r.json")]
+    assert load_tool().main(argv) == 0
+    assert {(s.pos_emb, s.transformer_layers, s.chunk_size, s.probability) for s in seen} == {("alibi", 2, 3, 0.3)}
+
+
+def test_resume_with_other_settings_is_refused_not_reported_as_their_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setattr(bench, "run", fake_record)
+    monkeypatch.setattr(bench, "plot_accuracy", lambda results, path: Path(path).write_bytes(b"png"))
+    output = tmp_path / "r.json"
+    common = ["--task", "parity_check", "--seeds", "1", "--warmup", "10", "--output", str(output)]
+    argv = [*common, "--test-lengths", "41,50"]
+    assert load_tool().main([*argv, "--steps", "100"]) == 0
+    before = output.read_text()
+    capsys.readouterr()
+    assert load_tool().main([*argv, "--steps", "200", "--resume"]) == 2
+    assert "holds parity_check regulargpt seed 0 run with steps 100 (now 200)" in capsys.readouterr().err
+    assert load_tool().main([*common, "--test-lengths", "41", "--steps", "100", "--resume"]) == 2
+    assert "test lengths 41-50 (2)" in capsys.readouterr().err
+    assert output.read_text() == before
+    assert load_tool().main([*argv, "--steps", "100", "--resume"]) == 0  # the same flags: nothing to run again
+    assert len(json.loads(output.read_text())["results"]) == 1
+
+
+def test_a_refusal_costs_no_torch_import(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    probe = ("import runpy, sys; sys.argv = ['regular_languages.py', '--task', 'parity_check', '--lr', 'nan', "
+             f"'--output', {str(tmp_path / 'r.json')!r}]\n"
+             "try:\n    runpy.run_path('tools/regular_languages.py', run_name='__main__')\n"
+             "except SystemExit as done:\n    print(done.code, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["2", "False"], done.stderr

@@ -78,3 +78,15 @@ def test_extension_grid_fine_tunes_each_base_run_at_four_times_its_length(tmp_pa
     assert set(finetunes) == {("rotary", "linear"), ("rotary", "yarn"), ("rotary", None), ("kerple_log", None),
                               ("alibi", None)}
     assert finetunes[("rotary", "yarn")] == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}
+
+
+def test_pe_with_a_named_grid_is_refused_not_ignored(tmp_path: Path, capsys) -> None:
+    """A grid names its own embeddings; --pe beside it was ignored without a word."""
+    for grid in ("extension", "beyond", "table4.1"):
+        assert load_tool().main(["--grid", grid, "--pe", "alibi", "--out", str(tmp_path)]) == 2
+        assert f"--pe with --grid {grid}: the grid names its own embeddings" in capsys.readouterr().err
+    assert load_tool().main(["--pe", "alibi", "alibi", "--out", str(tmp_path)]) == 2
+    assert "--pe: alibi is named twice" in capsys.readouterr().err
+    assert load_tool().main(["--pe", "alibi", "--lengths", "512", "512", "--out", str(tmp_path)]) == 2
+    assert "--lengths: 512 is named twice" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

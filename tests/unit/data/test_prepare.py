@@ -91,13 +91,13 @@ def test_the_shipped_stdlib_config_names_the_files_prepare_data_writes(tmp_path:
     info = preprocess.run(["stdlib", "--limit", "40", "-t", "CharLevelTokenizer", "--quiet"])
     config = yaml.safe_load((Path(__file__).parents[3] / "configs/data/stdlib.yml").read_text())
     assert "data-path" not in config and "split" not in config  # held-out counts depend on the interpreter
-    assert set(info.split_prefixes) == {"train", "valid"}  # 40 files give the test share no document
+    assert set(info.split_prefixes) == {"train", "valid", "test"}  # the test share of 40 files: a document
     refs = sorted(sources.stdlib_refs(), key=lambda ref: ref.key)[:40]
     held_out = sources.hold_out(refs, "949,50,1")  # evaluate.py --per-document prints these names
-    assert info.documents == {"valid": [ref.key for ref in held_out["valid"]], "test": []}
+    assert info.documents == {name: [ref.key for ref in held_out[name]] for name in ("valid", "test")}
+    assert held_out["test"]
     for name in ("train", "valid", "test"):
-        written = info.split_prefixes.get(name, info.split_prefixes["train"].replace("_train_", "_test_"))
-        assert config[f"{name}-data-paths"] == [written]
+        assert config[f"{name}-data-paths"] == [info.split_prefixes[name]]
 
 
 def test_skip_when_prepared_and_force(tmp_path: Path, neox20b_file: Path, capsys: pytest.CaptureFixture) -> None:
@@ -309,8 +309,10 @@ def test_output_prefix_that_cannot_be_written_is_refused_first(tmp_path: Path, c
     (["stdlib", "--url", "http://127.0.0.1:9/x.zst"], "--url is for the online datasets; stdlib is built from"),
     (["--input", "t.txt", "--output-prefix", "o/x", "--limit", "5"], "--limit, --root and --url apply to named"),
     (["stdlib", "--train-tokenizer", "0"], "--train-tokenizer 0: a byte-level BPE needs at least 257 ids"),
-    (["--input", "t.txt", "--output-prefix", "o/x", "--split", "0,0,0"], "--split 0,0,0: expected the train, valid"),
-    (["stdlib", "--split", "a,b"], "--split a,b: expected the train, valid and test weights"),
+    (["--input", "t.txt", "--output-prefix", "o/x", "--split", "0,0,0"], "--split 0,0,0: expected one to three weights"),
+    (["stdlib", "--split", "a,b"], "--split a,b: expected one to three weights (train, valid, test"),
+    (["stdlib", "--split", "nan,1,1"], "--split nan,1,1: expected one to three weights"),
+    (["stdlib", "--split", "1,2,3,4"], "--split 1,2,3,4: expected one to three weights"),
     (["stdlib", "--train-tokenizer", "256"], "--train-tokenizer 256: a byte-level BPE needs at least 257 ids"),
     (["stdlib", "--output-prefix", "mine/x"], "--output-prefix applies only with --input; a named dataset (stdlib)"),
     (["stdlib", "--input", "t.txt", "--output-prefix", "o/x"], "give no dataset name (stdlib) with it"),

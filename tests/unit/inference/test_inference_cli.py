@@ -82,6 +82,15 @@ def test_generate_refuses_meaningless_sampling_flags(tmp_path, capsys, flags, me
     assert message in err and "expected" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("flags", [["--top-k", "5"], ["--top-p", "0.9"], ["--top-k", "5", "--temperature", "0"]])
+def test_generate_refuses_sampling_flags_with_greedy_decoding(tmp_path, capsys, flags):
+    """Greedy decoding (temperature 0, the default) takes the argmax: --top-k/--top-p would be ignored."""
+    assert main(["--load", str(tmp_path / "none"), "--prompt", "x", *flags]) == 2
+    err = capsys.readouterr().err
+    assert f"{flags[0]} shape sampling, and --temperature 0 (the default) decodes greedily" in err
+    assert err.count("\n") == 1
+
+
 def test_generate_reads_the_checkpoint_configs_and_names_the_iteration(tmp_path, capsys):
     config_file, checkpoint = tiny_checkpoint(tmp_path)
     prompt = ["--prompt", "kernel", "--max-new-tokens", "5"]
