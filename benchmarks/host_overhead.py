@@ -16,6 +16,9 @@ precision and attention as written; ``gradient_accumulation_steps: 1``) on a syn
   GPU each waits for the device's queue to drain. Not counted: the ones inside torch's CPU fused
   optimizer kernel (``_fused_adamw_`` reads its CPU step counters there; on a GPU the kernel reads
   them on the device), shown as **in-kernel reads**.
+* **device waits**: synchronizations that DeepSpeed asks its accelerator for (its throughput timer did
+  two per step); counted by wrapping the accelerator's ``synchronize``, so a CPU run sees them too,
+  where they are no-ops the profiler cannot see.
 * on CUDA, **launches** (``cudaLaunchKernel`` and kin, the device-side truth for ops) and
   **cuda syncs** (stream, event and device synchronizations).
 
@@ -33,7 +36,7 @@ import io
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +75,7 @@ class HostCounts:
     kernel_reads: float
     launches: float | None = None
     cuda_syncs: float | None = None
+    device_waits: float = 0.0  # DeepSpeed's accelerator synchronizations (profiled_steps sets it)
     top: list[tuple[str, int]] = field(default_factory=list)  # top-level ops over all steps, most frequent first
 
 
@@ -111,18 +115,39 @@ def count_host_work(events: Iterable[Any], steps: int, cuda: bool = False) -> Ho
     )
 
 
-def profiled_steps(trainer: Any, steps: int, device: torch.device, **options: Any) -> Any:
+@contextlib.contextmanager
+def counted_device_waits() -> Iterator[list[int]]:
+    """Count the calls of DeepSpeed's ``get_accelerator().synchronize()`` in the block (one entry each)."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator, waits = get_accelerator(), []
+    synchronize = accelerator.synchronize
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        waits.append(1)
+        return synchronize(*args, **kwargs)
+
+    accelerator.synchronize = counted
+    try:
+        yield waits
+    finally:
+        del accelerator.synchronize  # the class's method again
+
+
+def profiled_steps(trainer: Any, steps: int, device: torch.device, **options: Any) -> tuple[Any, float]:
     """Run ``steps`` ``train_step`` calls under ``torch.profiler`` (CPU, plus CUDA on a GPU; ``options``
-    go to ``profile``) and return the profiler. The device is synchronized before and after."""
+    go to ``profile``); return the profiler and DeepSpeed's device waits per step. The device is
+    synchronized before and after."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     with profile(activities=activities, **options) as profiler:
-        for _ in range(steps):
-            trainer.train_step()
+        with counted_device_waits() as waits:
+            for _ in range(steps):
+                trainer.train_step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    return profiler
+    return profiler, len(waits) / steps
 
 
 def measure(config_files: Sequence[str], overrides: dict[str, Any], names: Sequence[str], micro_batches: Sequence[int],
@@ -149,8 +174,9 @@ def measure(config_files: Sequence[str], overrides: dict[str, Any], names: Seque
                         with contextlib.redirect_stdout(io.StringIO()):
                             for _ in range(warmup):
                                 trainer.train_step()
-                        profiler = profiled_steps(trainer, steps, parallel.device)
+                        profiler, waits = profiled_steps(trainer, steps, parallel.device)
                         counts = count_host_work(profiler.events(), steps, cuda=parallel.device.type == "cuda")
+                        counts.device_waits = waits
                         results.append((name, micro, counts))
                     except Exception as error:  # one failing case must not hide the others
                         results.append((name, micro, f"{type(error).__name__}: {str(error)[:150]}"))
@@ -167,7 +193,7 @@ def measure(config_files: Sequence[str], overrides: dict[str, Any], names: Seque
 
 def print_table(results: list[tuple[str, int, HostCounts | str]], top: int) -> None:
     cuda = any(isinstance(c, HostCounts) and c.launches is not None for _, _, c in results)
-    columns = ["pos_emb", "micro-batch", "ops", "views", "syncs", "in-kernel reads"]
+    columns = ["pos_emb", "micro-batch", "ops", "views", "syncs", "in-kernel reads", "device waits"]
     columns += ["launches", "cuda syncs"] if cuda else []
     print("| " + " | ".join(columns) + " |")
     print("|---|" + "---:|" * (len(columns) - 1))
@@ -176,7 +202,7 @@ def print_table(results: list[tuple[str, int, HostCounts | str]], top: int) -> N
             print(f"| {name} | {micro} | failed: {counts} |" + " |" * (len(columns) - 3))
             continue
         cells = [name, str(micro), f"{counts.ops:,.0f}", f"{counts.view_ops:,.0f}", f"{counts.syncs:g}",
-                 f"{counts.kernel_reads:g}"]
+                 f"{counts.kernel_reads:g}", f"{counts.device_waits:g}"]
         if cuda:
             cells += [f"{counts.launches:,.0f}", f"{counts.cuda_syncs:g}"]
         print("| " + " | ".join(cells) + " |")

@@ -32,7 +32,7 @@ from benchmarks.train_throughput import build_trainer, peak_bytes, release, sync
 
 NAME = "profile: host work, GPU busy time and kernels per training step"
 COLUMNS = ["pos_emb", "compile", "attention", "step (ms)", "host (ms)", "GPU busy", "ops", "launches", "syncs",
-           "cuda syncs", "peak memory (GiB)", "tokens/s"]
+           "device waits", "cuda syncs", "peak memory (GiB)", "tokens/s"]
 TOP_KERNELS = 20
 COMPILE_COST = 3.0  # a compiled case takes about this many uncompiled ones (the compilation itself)
 
@@ -89,7 +89,7 @@ def _case(ctx: StepContext, trainer: Any, steps: dict[str, int]) -> tuple[dict[s
     step_seconds = (time.perf_counter() - started) / steps["timed"]
     memory = peak_bytes(device)
     wall_start = time.perf_counter()
-    profiler = profiled_steps(trainer, steps["profiled"], device)
+    profiler, waits = profiled_steps(trainer, steps["profiled"], device)
     wall_us = (time.perf_counter() - wall_start) * 1e6
     events = profiler.events()
     counts = count_host_work(events, steps["profiled"], cuda=ctx.cuda)
@@ -97,6 +97,7 @@ def _case(ctx: StepContext, trainer: Any, steps: dict[str, int]) -> tuple[dict[s
     tokens = ctx.scale.throughput_micro_batch * ctx.scale.throughput_seq
     metrics = {"step_ms": step_seconds * 1e3, "host_ms": host / steps["timed"] * 1e3, "gpu_busy": busy,
                "ops": counts.ops, "view_ops": counts.view_ops, "launches": counts.launches, "syncs": counts.syncs,
+               "device_waits": waits,
                "cuda_syncs": counts.cuda_syncs, "peak_memory_bytes": memory, "tokens_per_s": tokens / step_seconds,
                "top_ops": counts.top[:20], "top_kernels": kernels}
     return metrics, kernels
@@ -108,7 +109,7 @@ def _row(name: str, compile_: bool, impl: str, m: dict[str, Any]) -> list[str]:
 
     return [name, "on" if compile_ else "off", impl, f"{m['step_ms']:.1f}", f"{m['host_ms']:.1f}",
             optional(m["gpu_busy"], "{:.1%}"), f"{m['ops']:,.0f}", optional(m["launches"], "{:,.0f}"),
-            f"{m['syncs']:g}", optional(m["cuda_syncs"], "{:g}"), f"{m['peak_memory_bytes'] / 2**30:.2f}",
+            f"{m['syncs']:g}", f"{m['device_waits']:g}", optional(m["cuda_syncs"], "{:g}"), f"{m['peak_memory_bytes'] / 2**30:.2f}",
             f"{m['tokens_per_s']:,.0f}"]
 
 
@@ -174,7 +175,8 @@ def _notes(ctx: StepContext, steps: dict[str, int], left_out: list[str]) -> None
         f"{scale.throughput_micro_batch} x {scale.throughput_seq} tokens per step; {steps['warmup']} warm-up, "
         f"{steps['timed']} timed and {steps['profiled']} profiled Trainer.train_step calls per case",
         "ops: top-level ATen operators per step (views launch no kernel); syncs: aten::_local_scalar_dense outside "
-        "the fused optimizer kernel; cuda syncs: stream, event and device synchronizations",
+        "the fused optimizer kernel; device waits: DeepSpeed's accelerator synchronizations (also among the cuda "
+        "syncs); cuda syncs: stream, event and device synchronizations",
     ]
     for name in scale.profile_embeddings:
         off, on = metrics.get(f"{name}, compile off"), metrics.get(f"{name}, compile on")
