@@ -92,8 +92,17 @@ DRIVER = textwrap.dedent("""
 
     class SlowTokenizer(CharLevelTokenizer):
         def tokenize_batch(self, texts):
+            open(os.path.join(os.path.dirname(sys.argv[1]), f"working-{os.getpid()}"), "w").close()
             time.sleep(60)
             return super().tokenize_batch(texts)
+
+    def interrupt_when_working():
+        # a terminal's Ctrl-C (the whole group) once a worker tokenizes: the pool has started by then
+        # (a Ctrl-C while the workers start is ignored with them; on a loaded machine that took over 4 s)
+        folder = os.path.dirname(sys.argv[1])
+        while not any(name.startswith("working-") for name in os.listdir(folder)):
+            time.sleep(0.05)
+        os.killpg(0, signal.SIGINT)
 
     @entry_point("prepare_data.py")
     def main():
@@ -103,7 +112,7 @@ DRIVER = textwrap.dedent("""
         return 0
 
     if __name__ == "__main__":
-        threading.Timer(4, lambda: os.killpg(0, signal.SIGINT)).start()  # a terminal's Ctrl-C: the whole group
+        threading.Thread(target=interrupt_when_working, daemon=True).start()
         sys.exit(main())
 """)
 
@@ -117,3 +126,4 @@ def test_ctrl_c_with_workers_stops_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip() == "prepare_data.py: interrupted", done.stderr
     assert not list(tmp_path.glob("out_*"))
+    assert list(tmp_path.glob("working-*")), "no worker started"
