@@ -45,9 +45,33 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kerple.errors import entry_point  # noqa: E402
+from kerple.flags import AT_LEAST_0, AT_LEAST_1, check_flags, heavy_imports  # noqa: E402
 
-import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The flags, checked, and the ``key=value`` overrides (a bad flag is refused before torch loads)."""
+    parser = argparse.ArgumentParser(prog="host_overhead.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=str(REPO / "configs/models/162M.yml"), help="model YAML (default: 162M)")
+    parser.add_argument("--extra", nargs="*", default=[], help="more YAML files")
+    parser.add_argument("--pe", nargs="+", default=["none", "kerple_log"], help="embeddings (default: none kerple_log)")
+    parser.add_argument("--micro-batch", nargs="+", type=int, default=[1, 32], help="micro-batch sizes (default: 1 32)")
+    parser.add_argument("--steps", type=int, default=1, help="profiled steps per case (default 1)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    parser.add_argument("--top", type=int, default=0, help="also list the N most frequent ops per case")
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides (anywhere on the line)")
+    words = sys.argv[1:] if argv is None else list(argv)
+    overrides = [word for word in words if "=" in word and not word.startswith("-")]
+    args = parser.parse_args([word for word in words if word not in overrides])
+    check_flags(args, {"--steps": AT_LEAST_1, "--warmup": AT_LEAST_0, "--top": AT_LEAST_0})
+    for size in args.micro_batch:
+        check_flags(argparse.Namespace(micro_batch=size), {"--micro-batch": AT_LEAST_1})
+    return args, overrides + args.overrides
+
+
+with heavy_imports("host_overhead.py", parse_args if __name__ == "__main__" else None):
+    import torch
+    from torch.profiler import ProfilerActivity, profile
 
 SYNC = "aten::_local_scalar_dense"
 # ops that only make a new view of existing memory (or a detached alias): no kernel on a GPU
@@ -216,23 +240,10 @@ def print_table(results: list[tuple[str, int, HostCounts | str]], top: int) -> N
 def main(argv: list[str] | None = None) -> int:
     from kerple.config import parse_overrides
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=str(REPO / "configs/models/162M.yml"), help="model YAML (default: 162M)")
-    parser.add_argument("--extra", nargs="*", default=[], help="more YAML files")
-    parser.add_argument("--pe", nargs="+", default=["none", "kerple_log"], help="embeddings (default: none kerple_log)")
-    parser.add_argument("--micro-batch", nargs="+", type=int, default=[1, 32], help="micro-batch sizes (default: 1 32)")
-    parser.add_argument("--steps", type=int, default=1, help="profiled steps per case (default 1)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
-    parser.add_argument("--top", type=int, default=0, help="also list the N most frequent ops per case")
-    parser.add_argument("overrides", nargs="*", help="key=value config overrides (anywhere on the line)")
-    words = sys.argv[1:] if argv is None else list(argv)
-    overrides = [word for word in words if "=" in word and not word.startswith("-")]
-    args = parser.parse_args([word for word in words if word not in overrides])
-    if args.steps < 1 or args.warmup < 0:
-        parser.error("--steps must be >= 1 and --warmup >= 0")
+    args, overrides = parse_args(argv)
     files = [args.model, *args.extra]
-    results = measure(files, parse_overrides(overrides + args.overrides), args.pe, args.micro_batch,
-                      steps=args.steps, warmup=args.warmup)
+    results = measure(files, parse_overrides(overrides), args.pe, args.micro_batch, steps=args.steps,
+                      warmup=args.warmup)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     print(f"device: {device}; torch {torch.__version__}; {' + '.join(Path(f).name for f in files)}; "
           f"{args.steps} profiled Trainer.train_step call(s) after {args.warmup} warm-up; counts per step")

@@ -42,6 +42,8 @@ CASES = [
     ("benchmarks/attention_impls.py", ["--impls", "eager,eager"], "--impls: eager is named twice"),
     ("benchmarks/bias_attention.py", ["--shape", "4,4,512"], "--shape '4,4,512': expected 4 positive integers"),
     ("benchmarks/eval_memory.py", ["--max-seconds", "nan"], "--max-seconds nan: expected a finite number"),
+    ("benchmarks/host_overhead.py", ["--micro-batch", "1", "0"], "--micro-batch 0: expected at least 1"),
+    ("benchmarks/lm_loss_memory.py", ["--tokens", "0"], "--tokens, --vocab and --hidden must be >= 1"),
     ("benchmarks/preprocess.py", ["--limit", "-5"], "--limit -5: expected at least 0"),
     ("benchmarks/regular_parity.py", ["--threshold", "1.5"], "--threshold 1.5: expected more than 0 and at most 1"),
     ("benchmarks/regular_seeds.py", ["--seeds", "2", "--expect", "3"], "--expect 3 is more than --seeds 2"),
