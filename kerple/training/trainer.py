@@ -46,6 +46,7 @@ from kerple.checkpoint.run_state import deepspeed_version
 from kerple.model import maybe_compile
 from kerple.model.decoder import compile_flex_kernels
 from kerple.parallel.groups import ParallelState, init_distributed, teardown
+from kerple.parallel.vote import LaggedVote
 from kerple.training.batches import build_feeds
 from kerple.training.ds_config import optimizer_steps_itself
 from kerple.training.engine import build_rank_model, build_stages, gathered, initialize_engine
@@ -99,6 +100,8 @@ class Trainer:
         self.consumed_train_samples = 0
         self.skipped_steps = 0
         self._stop_signal: int | None = None
+        vote_device = parallel.device if parallel.backend == "nccl" else torch.device("cpu")
+        self._stop_vote = LaggedVote(parallel.world_size, vote_device)  # no per-step wait across ranks
 
         check_training_memory(cfg, parallel)  # a micro-batch that cannot fit is refused, not killed at step 1
         self._seed(int(cfg.training.seed))
@@ -366,7 +369,7 @@ class Trainer:
                 loss = self.train_step()
                 self.pending_losses.append((self.iteration, loss))
                 on_interval = self.iteration % log_interval == 0 or self.iteration == self.train_iters
-                stop = self.parallel.any_rank(self._stop_signal is not None)
+                stop = self._stop_vote(self._stop_signal is not None)
                 saving = stop or self.iteration % save_interval == 0
                 if on_interval or saving or steps_total == 0:  # the host waits for the device only here
                     result.losses += self.read_losses()
