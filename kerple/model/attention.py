@@ -57,7 +57,6 @@ from kerple.positional.logit_term import LogitTerm, ScorePosition, distance_tabl
 if TYPE_CHECKING:
     from kerple.model.cache import KVCache
     from kerple.model.flex import FlexAttentionKernel
-    from kerple.positional.jacobian import DistanceJacobian
 
 ATTENTION_IMPLS: tuple[str, ...] = ("eager", "sdpa", "flex")
 AUTO = "auto"  # resolved per forward by :func:`choose_implementation`
@@ -186,9 +185,9 @@ class AttentionContext:
     query row ``i`` and key column ``j`` are at distance ``i - j + (k_len - q_len)``. The dense
     ``[H, q_len, k_len]`` views used by eager/sdpa are gathered lazily, once per forward.
     ``logit_term`` is the embedding's closed form for ``flex`` (its bias already divided by τ), or
-    ``None``: ``flex`` then gathers the tables. ``distance_jacobian``: in ``flex`` training of a
-    distance-based learnable term, its per-head Jacobian tables (the kernel then runs the term
-    detached and returns the parameters' gradient apart, :mod:`kerple.model.bias_gradient`). An
+    ``None``: ``flex`` then gathers the tables. ``separate_gradient``: in ``flex`` training of a
+    distance-based learnable term, the kernel runs the term detached and the tables' gradient comes
+    apart (:mod:`kerple.model.bias_gradient`), carried by autograd to the parameters. An
     embedding without tables has its closed form here for every kernel (:attr:`grid_term`): eager/sdpa
     evaluate it on the grid of absolute positions (:meth:`score_grid`). ``layer_term`` is the embedding's layer hook
     (:meth:`for_layer`).
@@ -208,7 +207,7 @@ class AttentionContext:
     logit_term: LogitTerm | None = None
     temperature: float = 1.0  # softmax temperature τ; the bias table is already divided by it
     layer_term: LayerTermFn | None = None
-    distance_jacobian: DistanceJacobian | None = None  # flex training: the parameters' gradient apart
+    separate_gradient: bool = False  # flex training: the tables' gradient apart
     _dense: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def for_layer(self, layer: int, hidden: torch.Tensor) -> AttentionContext:
@@ -387,7 +386,8 @@ def flex_attention(
         raise ValueError("attention_impl flex does not implement attention dropout; set attention_dropout: 0")
     if context.flex is None:
         raise ValueError("attention_impl flex needs a FlexAttentionKernel in the attention context")
-    return context.flex(query, key, value, context.flex_term(query.dtype), context.window, context.distance_jacobian)
+    tables = (context.bias_table, context.scale_table) if context.separate_gradient else None
+    return context.flex(query, key, value, context.flex_term(query.dtype), context.window, tables)
 
 
 KERNELS: dict[str, Callable[..., torch.Tensor]] = {
