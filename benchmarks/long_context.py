@@ -18,7 +18,9 @@ above ``none``'s that grows with ``L`` (column ``extra vs none``).
 
 ``--impls auto`` (the default) lets ``attention_impl: auto`` choose per length
 (kerple/model/attention.py, ``FLEX_FROM_LENGTH``); ``--impls flex,sdpa`` measures both, which is the
-measurement that table's CUDA rows are to be set from. Targets (CUDA, 162M): kerple_log, kerple_power, rpe
+measurement that table's CUDA rows are to be set from. Through flex a learnable distance-based term
+trains detached, its distance tables' gradient summed apart (``kerple/model/bias_gradient.py``,
+docs/flex-attention.md §5). Targets (CUDA, 162M): kerple_log, kerple_power, rpe
 and gauss_bias2 at least 0.95 of ``none``'s tokens/s at 512; kerple_log at 16,384 within 15% of ``none``
 with no ``L²`` memory.
 """

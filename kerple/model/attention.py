@@ -70,14 +70,15 @@ AUTO = "auto"  # resolved per forward by :func:`choose_implementation`
 #   (benchmarks/eval_memory.py: 3.4x at 2048 tokens, with 1/20 of the memory), but each new length costs
 #   a compilation of ~10-30 s; below 2048 the L² work is too small to pay that back.
 # * CPU training, never: FlexAttention has no CPU backward; sdpa_cpu's blockwise backward, which sums the
-#   bias gradient along diagonals, took 1.08x of ``none`` against 1.75x for the flash backward plus the
+#   bias gradient along diagonals, took 1.06x of ``none`` against 1.54x for the flash backward plus the
 #   separate reduction (benchmarks/bias_gradient.py, 4 x 4 x 512 x 32 fp32, 1 thread, 2026-11-27).
 # * CUDA training of a bias, 8192. Measured at 512 tokens (H200, 162M, bf16, compile off,
 #   docs/gpu-report.md): kerple_log 169,552 tokens/s through sdpa's dense bias against 58,682 through flex
 #   when FlexAttention's backward scattered the gradient; alibi, with no gradient at all, 160,136 through
-#   flex against 212,509 through sdpa. ASSUMED until measured: flex with the separate reduction
-#   (kerple/model/bias_gradient.py) trains no faster than alibi through flex at 512, so sdpa stays below
-#   8192 tokens; from 8192 the dense [H, L, L] bias and its gradient (1.6 GB in bf16 and 3.2 GB in fp32
+#   flex against 212,509 through sdpa; kerple_log through flex with the separate reduction of per-head
+#   Jacobians 157,670 against 252,867 through sdpa (docs/flex-attention.md §5). ASSUMED until measured:
+#   the reduction's tables' path (kerple/model/bias_gradient.py) trains no faster than alibi through flex
+#   at 512, so sdpa stays below 8192 tokens; from 8192 the dense [H, L, L] bias and its gradient (1.6 GB in bf16 and 3.2 GB in fp32
 #   at 12 heads) make O(L) memory the deciding cost.
 # * CUDA, weight kernels and evaluation of any logit term: flex from the start (the only kernel that
 #   scales the logits; O(L) memory in evaluation).

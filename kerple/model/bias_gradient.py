@@ -44,16 +44,16 @@ def row_terms(output: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
 def _distance_sums(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
     grad_output: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None, window: int | None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``Σ dS`` and ``Σ dS ∘ x`` per (head, distance), float32 ``[H, L]`` (the second ``None`` without a
-    scale), one block of :data:`QUERY_BLOCK` query rows at a time over the keys it can see."""
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``Σ dS`` and ``Σ dS ∘ x`` per (head, distance), float32 ``[H, L]`` (``None`` without a bias, a scale
+    table), one block of :data:`QUERY_BLOCK` query rows at a time over the keys it can see."""
     batch, heads, length, dim = query.shape
     flat = (batch * heads, length, dim)
     scaled_query = (query.float() * dim**-0.5).reshape(flat)
     key, value, grad_output = key.float().reshape(flat), value.float().reshape(flat), grad_output.float().reshape(flat)
     positions = torch.arange(length, device=query.device)
-    bias_sums = query.new_zeros(heads, length, dtype=torch.float32)
-    scale_sums = None if scale is None else torch.zeros_like(bias_sums)
+    bias_sums, scale_sums = (None if table is None else query.new_zeros(heads, length, dtype=torch.float32)
+                             for table in (bias, scale))
     for first in range(0, length, QUERY_BLOCK):
         last = min(first + QUERY_BLOCK, length)
         start, end = key_range(first, last, length, 0, window)
@@ -69,7 +69,8 @@ def _distance_sums(
         probs = (scores - lse[:, :, rows, None]).exp_().masked_fill_(~visible, 0.0)
         grad_scores = torch.bmm(grad_output[:, rows], value[:, keys].transpose(1, 2)).view(block)
         grad_scores = grad_scores.sub_(delta[:, :, rows, None]).mul_(probs)  # dS [b, H, m, n]
-        _add_diagonals(bias_sums, grad_scores.sum(0), first - start, length)
+        if bias_sums is not None:
+            _add_diagonals(bias_sums, grad_scores.sum(0), first - start, length)
         if scale_sums is not None:
             _add_diagonals(scale_sums, (grad_scores * logits).sum(0), first - start, length)
     return bias_sums, scale_sums
@@ -90,7 +91,7 @@ def table_gradients(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor, lse: torch.Tensor,
     grad_output: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None, window: int | None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """``(dbias, dscale)`` float32 ``[H, L]`` (``None`` where that table is) of attention
+    """``(dbias, dscale)`` float32 ``[H, L]`` (``None`` for an absent table) of attention
     ``output = softmax(x · scale + bias) V`` (causal, ``window``), for ``query``/``key``/``value``/``output``/
     ``grad_output`` ``[b, H, L, d]``, its ``lse [b, H, L]`` (natural log) and the tables ``[H, L]``: Triton on
     CUDA, torch on a CPU (module docstring)."""
@@ -98,10 +99,9 @@ def table_gradients(
     lse = lse.float().contiguous()
     bias, scale = (None if t is None else t.detach().float().contiguous() for t in (bias, scale))
     if query.device.type != "cuda":
-        sums = _distance_sums(query, key, value, lse, delta, grad_output, bias, scale, window)
-    else:
-        sums = _triton_sums(query, key, value, grad_output, lse, delta, bias, scale, window)
-    return sums[0] if bias is not None else None, sums[1]  # the CPU path sums dS for the scale's sake anyway
+        return _distance_sums(query, key, value, lse, delta, grad_output, bias, scale, window)
+    return _triton_sums(query, key, value, grad_output, lse, delta, bias, scale, window)
+    return sums
 
 
 def _triton_sums(
