@@ -15,17 +15,19 @@ order, median; CUDA synchronised around each call):
   its diagonals, ``kerple/model/sdpa_cpu.py``; what ``auto`` trains a bias with on a CPU and on CUDA
   below 8,192 tokens);
 * CPU ``flash + reduction``: the same flash forward with the mask detached, PyTorch's fused flash
-  backward for ``dq``/``dk``/``dv``, and the parameters' gradient from the separate reduction
-  (``kerple/model/bias_gradient.py``, torch on a CPU);
+  backward for ``dq``/``dk``/``dv``, and the distance tables' gradient from the separate reduction
+  (``kerple/model/bias_gradient.py``, torch on a CPU), carried by autograd to the parameters;
 * CUDA ``flex, captured gradient``: compiled FlexAttention with the closed form, its backward scattering
   the parameters' gradient with atomic adds (``separate_gradient=False``);
 * CUDA ``flex, detached``: the same kernel with the term detached and no parameter gradient (the
   floor of the next row);
-* CUDA ``flex + reduction``: the model's path: detached term, log-sum-exp, and the Triton reduction;
-* ``reduction alone``: the reduction on saved inputs.
+* CUDA ``flex + reduction``: the model's path: detached term, log-sum-exp, and the Triton reduction
+  (the diagonal sums of ``dS``: the tables' gradient);
+* ``reduction alone``: the reduction on saved inputs, with the tables built from the parameters and the
+  gradient carried back to them.
 
-The per-head Jacobian tables are built in every call that needs them (the model builds them once per
-forward for all layers). Printed: milliseconds and the ratio to ``none``.
+The distance tables are built in every call that needs them (the model builds them once per forward
+for all layers). Printed: milliseconds and the ratio to ``none``.
 """
 
 from __future__ import annotations
@@ -34,22 +36,37 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kerple.errors import entry_point
+from kerple.flags import AT_LEAST_1, check_flags, heavy_imports, shape_flag
 
-from kerple.errors import entry_point  # noqa: E402
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The flags, checked (a bad one is refused before torch loads)."""
+    parser = argparse.ArgumentParser(prog="bias_gradient.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", help="batch,heads,length,head_dim (default: 32,12,512,64 on CUDA, 4,4,512,32 "
+                                        "on a CPU)")
+    parser.add_argument("--pe", default="kerple_log", help="a distance-based learnable embedding")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: PyTorch's)")
+    args = parser.parse_args(argv)
+    check_flags(args, {"--rounds": AT_LEAST_1, "--threads": AT_LEAST_1})
+    if args.shape is not None:
+        shape_flag("--shape", args.shape, ("batch", "heads", "length", "head_dim"))
+    return args
 
-from kerple import positional  # noqa: E402
-from kerple.model import sdpa_cpu  # noqa: E402
-from kerple.model.bias_gradient import parameter_gradient, with_parameter_gradient  # noqa: E402
-from kerple.positional.base import diagonal_gather  # noqa: E402
-from kerple.positional.jacobian import distance_jacobian  # noqa: E402
-from kerple.positional.logit_term import LogitTerm, distance_table_term  # noqa: E402
+
+with heavy_imports("bias_gradient.py", parse_args if __name__ == "__main__" else None):
+    import torch
+    import torch.nn.functional as F
+
+    from kerple import positional
+    from kerple.model import sdpa_cpu
+    from kerple.model.bias_gradient import table_gradients, with_table_gradient
+    from kerple.positional.base import diagonal_gather
+    from kerple.positional.logit_term import LogitTerm, distance_table_term
 
 Variant = Callable[[], None]
 
@@ -93,8 +110,10 @@ def common_variants(embedding: positional.PositionalEmbedding, tensors: list[tor
         del scores
 
     def reduction() -> None:
-        tables = distance_jacobian(embedding, length, device).tables
-        parameter_gradient(q, k, v, output, lse, upstream, tables, None)
+        tables = embedding.distance_tables(length, device)
+        gradients = table_gradients(q, k, v, output, lse, upstream, *tables, None)
+        pairs = [(table, gradient) for table, gradient in zip(tables, gradients) if table is not None]
+        torch.autograd.backward([table for table, _ in pairs], [gradient for _, gradient in pairs])
 
     bias, scale = embedding.distance_tables(length, device)
     dense_row = {"sdpa, dense bias": dense} if bias is not None and scale is None else {}  # sdpa cannot scale
@@ -109,10 +128,10 @@ def cpu_variants(embedding: positional.PositionalEmbedding, tensors: list[torch.
 
     def flash_and_reduction() -> None:
         query, key, value = (t.detach().requires_grad_() for t in (q, k, v))
-        jacobian = distance_jacobian(embedding, length, q.device)
-        mask = diagonal_gather(_diagonals(jacobian.tables.bias, length), length, length)[None]
+        bias = embedding.distance_tables(length, q.device)[0]
+        mask = diagonal_gather(_diagonals(bias.detach(), length), length, length)[None]
         output, lse = flash(query, key, value, 0.0, True, attn_mask=mask)
-        with_parameter_gradient(output, query, key, value, lse, jacobian, None).backward(upstream)
+        with_table_gradient(output, query, key, value, lse, bias, None, None).backward(upstream)
 
     return {"flash + reduction": flash_and_reduction}
 
@@ -130,9 +149,9 @@ def cuda_variants(embedding: positional.PositionalEmbedding, tensors: list[torch
             query, key, value = (t.detach().requires_grad_() for t in (q, k, v))
             term = embedding.logit_term()
             term = term if term is not None else _table_term(embedding, length, q.dtype)
-            jacobian = distance_jacobian(embedding, length, q.device) if separate else None
+            tables = embedding.distance_tables(length, q.device) if separate else None
             term = term.detached() if detached else term
-            kernels[separate](query, key, value, term, None, jacobian).backward(upstream)
+            kernels[separate](query, key, value, term, None, tables).backward(upstream)
         return run
 
     return {"flex, captured gradient": flex(False, False), "flex, detached": flex(False, True),
@@ -164,13 +183,9 @@ def timed(variants: dict[str, Variant], rounds: int, device: torch.device) -> di
 
 @entry_point("bias_gradient.py")
 def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     cuda = torch.cuda.is_available()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="32,12,512,64" if cuda else "4,4,512,32", help="batch,heads,length,head_dim")
-    parser.add_argument("--pe", default="kerple_log", help="a distance-based learnable embedding")
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: PyTorch's)")
-    args = parser.parse_args(argv)
+    args.shape = args.shape or ("32,12,512,64" if cuda else "4,4,512,32")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if cuda else "cpu")
@@ -178,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     shape = [int(part) for part in args.shape.split(",")]
     embedding = positional.build(args.pe, num_heads=shape[1], head_dim=shape[3], hidden_size=shape[1] * shape[3],
                                  max_positions=shape[2]).to(device)
-    if distance_jacobian(embedding, 2, device) is None:
-        print(f"bias_gradient.py: {args.pe} has no per-head Jacobian tables; choose a distance-based learnable "
+    if not any(t is not None and t.requires_grad for t in embedding.distance_tables(2, device)):
+        print(f"bias_gradient.py: {args.pe} has no learnable distance tables; choose a distance-based learnable "
               "embedding (kerple_*, gauss_*, rpe)", file=sys.stderr)
         return 2
     if not cuda and embedding.distance_tables(2)[1] is not None:

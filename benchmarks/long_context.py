@@ -18,7 +18,9 @@ above ``none``'s that grows with ``L`` (column ``extra vs none``).
 
 ``--impls auto`` (the default) lets ``attention_impl: auto`` choose per length
 (kerple/model/attention.py, ``FLEX_FROM_LENGTH``); ``--impls flex,sdpa`` measures both, which is the
-measurement that table's CUDA rows are to be set from. Targets (CUDA, 162M): kerple_log, kerple_power, rpe
+measurement that table's CUDA rows are to be set from. Through flex a learnable distance-based term
+trains detached, its distance tables' gradient summed apart (``kerple/model/bias_gradient.py``,
+docs/flex-attention.md §5). Targets (CUDA, 162M): kerple_log, kerple_power, rpe
 and gauss_bias2 at least 0.95 of ``none``'s tokens/s at 512; kerple_log at 16,384 within 15% of ``none``
 with no ``L²`` memory.
 """
@@ -32,10 +34,44 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from kerple.errors import UsageError, entry_point
+from kerple.flags import AT_LEAST_0, AT_LEAST_1, check_flags, heavy_imports, name_list, number_list
 
-from kerple.errors import entry_point  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # benchmarks.train_throughput, run as a script from any folder
+IMPLS = ("auto", "flex", "sdpa", "eager")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The flags, checked (a bad one is refused before torch loads); device-dependent defaults stay ``None``
+    (:func:`fill_defaults`)."""
+    parser = argparse.ArgumentParser(prog="long_context.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", help="tokens per sequence, comma-separated (default: 512,8192,16384 on CUDA, "
+                                          "256,1024,4096 on a CPU)")
+    parser.add_argument("--pe", nargs="+", default=["none", "kerple_log"], help="embeddings (none is always added)")
+    parser.add_argument("--impls", default="auto", help=f"attention kernels per row, comma-separated ({', '.join(IMPLS)})")
+    parser.add_argument("--tokens", type=int, help="tokens per training step (default: 16384 on CUDA, 4096 on a CPU)")
+    parser.add_argument("--steps", type=int, help="timed steps (default: 6 on CUDA, 3 on a CPU)")
+    parser.add_argument("--warmup", type=int, help="untimed steps first (default: 3 on CUDA, 1 on a CPU)")
+    parser.add_argument("--model", help="model YAML (default: 162M on CUDA, tiny on CPU)")
+    parser.add_argument("--extra", nargs="*", help="more YAML files (default: the device's setup)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction,
+                        help="training.compile (default: the config's)")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads in each row's process (default: PyTorch's)")
+    parser.add_argument("--row", help=argparse.SUPPRESS)  # internal: one row, printed as JSON
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides (e.g. vocab_size=4096)")
+    args = parser.parse_args(argv)
+    check_flags(args, {"--tokens": AT_LEAST_1, "--steps": AT_LEAST_1, "--warmup": AT_LEAST_0,
+                       "--threads": AT_LEAST_1})
+    if args.lengths is not None:
+        number_list("--lengths", args.lengths, AT_LEAST_1)
+    name_list("--impls", args.impls, IMPLS)
+    return args
+
+
+with heavy_imports("long_context.py", parse_args if __name__ == "__main__" else None):
+    import torch
 
 
 def run_row(config_files: list[str], extra: dict[str, Any], length: int, name: str, impl: str, tokens: int,
@@ -91,37 +127,30 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{row['peak_bytes'] / 2**30:.3f} | {extra} |")
 
 
-@entry_point("long_context.py")
-def main(argv: list[str] | None = None) -> int:
-    import torch
-
+def fill_defaults(args: argparse.Namespace) -> None:
+    """The device's defaults for the flags left out (CUDA: 162M, 16,384 tokens a step)."""
     from benchmarks.train_throughput import default_setup
-    from kerple.config import parse_overrides
 
     cuda = torch.cuda.is_available()
     model, extra = default_setup(cuda)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", default="512,8192,16384" if cuda else "256,1024,4096",
-                        help="tokens per sequence, comma-separated")
-    parser.add_argument("--pe", nargs="+", default=["none", "kerple_log"], help="embeddings (none is always added)")
-    parser.add_argument("--impls", default="auto",
-                        help="attention kernels per row, comma-separated (auto, flex, sdpa, eager)")
-    parser.add_argument("--tokens", type=int, default=16384 if cuda else 4096, help="tokens per training step")
-    parser.add_argument("--steps", type=int, default=6 if cuda else 3)
-    parser.add_argument("--warmup", type=int, default=3 if cuda else 1)
-    parser.add_argument("--model", default=model, help="model YAML (default: 162M on CUDA, tiny on CPU)")
-    parser.add_argument("--extra", nargs="*", default=extra, help="more YAML files (default: the device's setup)")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction,
-                        help="training.compile (default: the config's)")
-    parser.add_argument("--threads", type=int, help="torch.set_num_threads in each row's process (default: PyTorch's)")
-    parser.add_argument("--row", help=argparse.SUPPRESS)  # internal: one row, printed as JSON
-    parser.add_argument("overrides", nargs="*", help="key=value config overrides (e.g. vocab_size=4096)")
-    args = parser.parse_args(argv)
+    defaults = {"lengths": "512,8192,16384" if cuda else "256,1024,4096", "tokens": 16384 if cuda else 4096,
+                "steps": 6 if cuda else 3, "warmup": 3 if cuda else 1, "model": model, "extra": extra}
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
+@entry_point("long_context.py")
+def main(argv: list[str] | None = None) -> int:
+    from kerple.config import parse_overrides
+
+    args = parse_args(argv)
+    fill_defaults(args)
     files = [args.model, *args.extra]
     try:
         extra = parse_overrides(args.overrides)
     except ValueError as error:
-        parser.error(str(error))
+        raise UsageError(str(error)) from None
     if args.row:
         if args.threads:
             torch.set_num_threads(args.threads)
@@ -129,15 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         row = run_row(files, extra, int(length), name, impl, args.tokens, args.steps, args.warmup, args.compile)
         print(json.dumps(row))
         return 0
-    try:
-        lengths = [int(part) for part in args.lengths.split(",")]
-    except ValueError:
-        parser.error(f"--lengths {args.lengths!r}: give whole numbers separated by commas, e.g. 512,8192")
-    bad = [length for length in lengths if length < 1 or args.tokens % length]
+    lengths = number_list("--lengths", args.lengths, AT_LEAST_1)
+    bad = [length for length in lengths if args.tokens % length]
     if bad:
-        parser.error(f"--lengths {bad}: each must divide --tokens {args.tokens}")
+        raise UsageError(f"--lengths {bad}: each must divide --tokens {args.tokens}")
     names = ["none"] + [name for name in args.pe if name != "none"]
-    impls = [part.strip() for part in args.impls.split(",")]
+    impls = name_list("--impls", args.impls, IMPLS)
     rows = []
     for length in lengths:
         for name in names:

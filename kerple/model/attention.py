@@ -57,7 +57,6 @@ from kerple.positional.logit_term import LogitTerm, ScorePosition, distance_tabl
 if TYPE_CHECKING:
     from kerple.model.cache import KVCache
     from kerple.model.flex import FlexAttentionKernel
-    from kerple.positional.jacobian import DistanceJacobian
 
 ATTENTION_IMPLS: tuple[str, ...] = ("eager", "sdpa", "flex")
 AUTO = "auto"  # resolved per forward by :func:`choose_implementation`
@@ -71,14 +70,15 @@ AUTO = "auto"  # resolved per forward by :func:`choose_implementation`
 #   (benchmarks/eval_memory.py: 3.4x at 2048 tokens, with 1/20 of the memory), but each new length costs
 #   a compilation of ~10-30 s; below 2048 the L² work is too small to pay that back.
 # * CPU training, never: FlexAttention has no CPU backward; sdpa_cpu's blockwise backward, which sums the
-#   bias gradient along diagonals, took 1.08x of ``none`` against 1.75x for the flash backward plus the
+#   bias gradient along diagonals, took 1.06x of ``none`` against 1.54x for the flash backward plus the
 #   separate reduction (benchmarks/bias_gradient.py, 4 x 4 x 512 x 32 fp32, 1 thread, 2026-11-27).
 # * CUDA training of a bias, 8192. Measured at 512 tokens (H200, 162M, bf16, compile off,
 #   docs/gpu-report.md): kerple_log 169,552 tokens/s through sdpa's dense bias against 58,682 through flex
 #   when FlexAttention's backward scattered the gradient; alibi, with no gradient at all, 160,136 through
-#   flex against 212,509 through sdpa. ASSUMED until measured: flex with the separate reduction
-#   (kerple/model/bias_gradient.py) trains no faster than alibi through flex at 512, so sdpa stays below
-#   8192 tokens; from 8192 the dense [H, L, L] bias and its gradient (1.6 GB in bf16 and 3.2 GB in fp32
+#   flex against 212,509 through sdpa; kerple_log through flex with the separate reduction of per-head
+#   Jacobians 157,670 against 252,867 through sdpa (docs/flex-attention.md §5). ASSUMED until measured:
+#   the reduction's tables' path (kerple/model/bias_gradient.py) trains no faster than alibi through flex
+#   at 512, so sdpa stays below 8192 tokens; from 8192 the dense [H, L, L] bias and its gradient (1.6 GB in bf16 and 3.2 GB in fp32
 #   at 12 heads) make O(L) memory the deciding cost.
 # * CUDA, weight kernels and evaluation of any logit term: flex from the start (the only kernel that
 #   scales the logits; O(L) memory in evaluation).
@@ -186,9 +186,9 @@ class AttentionContext:
     query row ``i`` and key column ``j`` are at distance ``i - j + (k_len - q_len)``. The dense
     ``[H, q_len, k_len]`` views used by eager/sdpa are gathered lazily, once per forward.
     ``logit_term`` is the embedding's closed form for ``flex`` (its bias already divided by τ), or
-    ``None``: ``flex`` then gathers the tables. ``distance_jacobian``: in ``flex`` training of a
-    distance-based learnable term, its per-head Jacobian tables (the kernel then runs the term
-    detached and returns the parameters' gradient apart, :mod:`kerple.model.bias_gradient`). An
+    ``None``: ``flex`` then gathers the tables. ``separate_gradient``: in ``flex`` training of a
+    distance-based learnable term, the kernel runs the term detached and the tables' gradient comes
+    apart (:mod:`kerple.model.bias_gradient`), carried by autograd to the parameters. An
     embedding without tables has its closed form here for every kernel (:attr:`grid_term`): eager/sdpa
     evaluate it on the grid of absolute positions (:meth:`score_grid`). ``layer_term`` is the embedding's layer hook
     (:meth:`for_layer`).
@@ -208,7 +208,7 @@ class AttentionContext:
     logit_term: LogitTerm | None = None
     temperature: float = 1.0  # softmax temperature τ; the bias table is already divided by it
     layer_term: LayerTermFn | None = None
-    distance_jacobian: DistanceJacobian | None = None  # flex training: the parameters' gradient apart
+    separate_gradient: bool = False  # flex training: the tables' gradient apart
     _dense: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def for_layer(self, layer: int, hidden: torch.Tensor) -> AttentionContext:
@@ -387,7 +387,8 @@ def flex_attention(
         raise ValueError("attention_impl flex does not implement attention dropout; set attention_dropout: 0")
     if context.flex is None:
         raise ValueError("attention_impl flex needs a FlexAttentionKernel in the attention context")
-    return context.flex(query, key, value, context.flex_term(query.dtype), context.window, context.distance_jacobian)
+    tables = (context.bias_table, context.scale_table) if context.separate_gradient else None
+    return context.flex(query, key, value, context.flex_term(query.dtype), context.window, tables)
 
 
 KERNELS: dict[str, Callable[..., torch.Tensor]] = {

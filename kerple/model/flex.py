@@ -22,9 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask
 
-from kerple.model.bias_gradient import with_parameter_gradient
+from kerple.model.bias_gradient import with_table_gradient
 from kerple.model.flex_base import FlexKernel, ScoreMod, split_lse
-from kerple.positional.jacobian import DistanceJacobian
 from kerple.positional.logit_term import LogitTerm, ScorePosition
 
 BLOCK_SIZE = 128  # FlexAttention's default tile
@@ -97,9 +96,8 @@ class FlexAttentionKernel(FlexKernel):
 
     ``closed_form=False`` makes the model hand over its distance tables even for embeddings with a
     closed form (the table gather, e.g. to compare the two on a GPU). ``separate_gradient`` (the
-    default) makes the model hand over the per-head Jacobian tables of a distance-based learnable
-    term in training: the kernel then gets the term detached and the parameters' gradient comes from
-    :mod:`kerple.model.bias_gradient`; ``False`` leaves it to FlexAttention's backward (its atomic adds
+    default) makes the model hand over the distance tables of a learnable term in training: the kernel
+    then gets the term detached and the tables' gradient comes from :mod:`kerple.model.bias_gradient`; ``False`` leaves it to FlexAttention's backward (its atomic adds
     per score; for comparisons). ``compile=True`` compiles
     ``flex_attention`` once (``torch.compile(dynamic=False)``); each new sequence length compiles a
     new kernel (tens of seconds on CPU), later calls reuse it. Without compilation FlexAttention
@@ -126,13 +124,14 @@ class FlexAttentionKernel(FlexKernel):
 
     def __call__(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, term: LogitTerm | None, window: int | None,
-        jacobian: DistanceJacobian | None = None,
+        tables: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
     ) -> torch.Tensor:
         """``query [b, H, q, d]``, ``key``/``value [b, H, k, d]`` -> ``[b, H, q, d]``.
 
-        With ``jacobian`` (``q == k``, the term a function of the distance with those tables) the kernel runs
-        the term detached and returns its log-sum-exp, and :func:`~kerple.model.bias_gradient.with_parameter_gradient`
-        gives ``jacobian.theta`` its gradient in the backward pass.
+        With ``tables`` (``(bias, scale)`` ``[H, k]``, ``q == k``, the term a function of the distance with those
+        tables) the kernel runs the term detached and returns its log-sum-exp, and
+        :func:`~kerple.model.bias_gradient.with_table_gradient` gives the tables their gradient in the backward
+        pass.
 
         Compiled on a CPU, queries and keys are padded with zeros to whole blocks of
         :data:`BLOCK_SIZE` and the output cut back: Inductor's CPU FlexAttention kernel (torch 2.13)
@@ -142,9 +141,9 @@ class FlexAttentionKernel(FlexKernel):
         dropped.
         """
         q_len, k_len = query.shape[-2], key.shape[-2]
-        if jacobian is not None and q_len != k_len:
+        if tables is not None and q_len != k_len:
             raise ValueError(f"the separate positional gradient needs as many queries as keys, got {q_len} and {k_len}")
-        if jacobian is not None and term is not None:
+        if tables is not None and term is not None:
             term = term.detached()
         score_mod = term_score_mod(term, k_len - q_len)
         qkv = (query, key, value)
@@ -156,14 +155,14 @@ class FlexAttentionKernel(FlexKernel):
         captured = () if term is None else term.tensors
         kind, gathered = ("none", 0) if term is None else (term.kind, term.gathered_bytes)
         result = self.attend(query, key, value, score_mod, block_mask, captured, kind, gathered,
-                             return_lse=jacobian is not None)
-        output, lse = split_lse(result) if jacobian is not None else (result, None)
+                             return_lse=tables is not None)
+        output, lse = split_lse(result) if tables is not None else (result, None)
         if pad_q:
             output = output[..., :q_len, :]
             lse = None if lse is None else lse[..., :q_len]
-        if jacobian is None:
+        if tables is None:
             return output
-        return with_parameter_gradient(output, *qkv, lse, jacobian, window)
+        return with_table_gradient(output, *qkv, lse, *tables, window)
 
     def _cpu_padding(self, query: torch.Tensor, length: int) -> int:
         """Zeros to append to ``length`` rows for the compiled CPU kernel (0 elsewhere)."""

@@ -36,7 +36,6 @@ from kerple.model.family import ModelFamily
 from kerple.model.flex import FlexAttentionKernel
 from kerple.model.transformer import TransformerLayer, transformer_layers
 from kerple.positional.base import PositionalEmbedding
-from kerple.positional.jacobian import distance_jacobian
 
 
 class GPTModel(Decoder):
@@ -175,8 +174,8 @@ class GPTModel(Decoder):
         logit_term = self.positional.logit_term() if wants_term else None
         if logit_term is not None:
             logit_term = logit_term.divide_bias(temperature)
-        separate = impl == "flex" and training and self._flex.separate_gradient and q_len == k_len
-        jacobian = distance_jacobian(self.positional, k_len, device, temperature) if separate else None
+        learnable = any(table is not None and table.requires_grad for table in (bias_table, scale_table))
+        separate = impl == "flex" and training and self._flex.separate_gradient and q_len == k_len and learnable
         return AttentionContext(
             impl=impl,
             q_len=q_len,
@@ -192,7 +191,7 @@ class GPTModel(Decoder):
             logit_term=logit_term,
             temperature=temperature,
             layer_term=self.positional.layer_logit_term,
-            distance_jacobian=jacobian,
+            separate_gradient=separate,
         )
 
     def checkpoint_group(self, cache: KVCache | None = None) -> int | None:

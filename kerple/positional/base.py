@@ -228,16 +228,6 @@ class PositionalEmbedding(nn.Module):
         """
         return None, None
 
-    def head_parameters(self) -> dict[str, int]:
-        """The parameters the distance tables are made of, each with the axis that indexes the heads:
-        ``{name: axis}``, where row ``h`` of each table depends only on the slices ``h`` along those axes.
-
-        Declaring them lets a fused kernel return their gradient from per-head Jacobian tables
-        (:mod:`kerple.positional.jacobian`) instead of differentiating the term per score. ``{}`` (the
-        default): the term's own tensors receive the gradient (or there is none).
-        """
-        return {}
-
     def logit_term(self) -> LogitTerm | None:
         """The closed form of the logit term for fused kernels, or ``None`` when there is none.
 

@@ -95,10 +95,6 @@ class LearnableKernel(PositionalEmbedding):
                 terms[place] = {"form": form, **values}
         return terms
 
-    def head_parameters(self) -> dict[str, int]:
-        """Every parameter, ``[H, 1, 1]``: heads on axis 0."""
-        return {name: 0 for name in self.parameter_specs}
-
     def distances(self, k_len: int, device: torch.device | None = None) -> torch.Tensor:
         """Float32 ``[1, k_len]`` distances ``0..k_len-1``, cached per (k_len, device)."""
         device = torch.device(device) if device is not None else self._device()

@@ -9,7 +9,8 @@ key position). Two forms exist:
   tensors (KERPLE's ``[H]`` parameters, ALiBi's slopes), e.g. ``-r1[h]·log(1 + r2[h]·d)``
   (KERPLE paper §4). Nothing of size ``L`` is read, so no tile of gathered values occupies the
   kernel's shared memory. In training the kernel gets the term detached (:meth:`LogitTerm.detached`)
-  and the parameters' gradient comes from a separate reduction (:mod:`kerple.model.bias_gradient`);
+  and the gradient of its distance tables comes from a separate reduction
+  (:mod:`kerple.model.bias_gradient`), autograd carrying it on to the parameters;
   a term whose tensors keep their gradient (FIRE, CABLE) has it returned by FlexAttention's own
   backward (CUDA), which scatters it into the captured tensors.
 * **distance table** (:func:`distance_table_term`): for terms without a closed form (T5 buckets,
@@ -116,7 +117,7 @@ class LogitTerm:
 
     def detached(self) -> LogitTerm:
         """The same term with every captured tensor detached: a fused kernel then returns no gradient for
-        them (a kernel that returns the parameters' gradient apart, :mod:`kerple.model.bias_gradient`)."""
+        them (a kernel whose term's gradient comes apart, :mod:`kerple.model.bias_gradient`)."""
         return replace(self, tensors=tuple(tensor.detach() for tensor in self.tensors))
 
     def divide_bias(self, temperature: float) -> LogitTerm:

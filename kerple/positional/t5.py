@@ -97,10 +97,6 @@ class T5RelativeBias(PositionalEmbedding):
             self._bucket_cache = cache
         return cache[2]
 
-    def head_parameters(self) -> dict[str, int]:
-        """``weight [buckets, H]``: heads on axis 1."""
-        return {"weight": 1}
-
     def distance_tables(
         self, k_len: int, device: torch.device | None = None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:

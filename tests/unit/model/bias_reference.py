@@ -1,5 +1,5 @@
 """The reference the positional-gradient reduction is tested against: dense float64 attention with the
-embedding's distance tables, differentiated by autograd (no tile, no Jacobian, no log-sum-exp trick)."""
+embedding's distance tables, differentiated by autograd (no tile, no diagonal sums, no log-sum-exp trick)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from kerple.positional.base import PositionalEmbedding
 
 @dataclass
 class Case:
-    """Random attention inputs, the eager float64 output, log-sum-exp and parameter gradients."""
+    """Random attention inputs, the eager float64 output, log-sum-exp, and the gradients of the tables and of
+    the parameters."""
 
     embedding: PositionalEmbedding
     query: torch.Tensor
@@ -23,6 +24,7 @@ class Case:
     output: torch.Tensor  # float64 [b, H, L, d]
     lse: torch.Tensor  # float64 [b, H, L]
     gradients: dict[str, torch.Tensor]  # d(Σ output · grad_output) / d parameter, float64
+    table_gradients: dict[str, torch.Tensor]  # the same loss's gradient by "bias"/"scale" table [H, L], float64
 
 
 def build(name: str, heads: int, head_dim: int, length: int) -> PositionalEmbedding:
@@ -40,6 +42,7 @@ def eager_case(name: str, shape: tuple[int, int, int, int], dtype: torch.dtype =
     query, key, value, grad_output = (torch.randn(shape, generator=generator).to(dtype) for _ in range(4))
     parameters = dict(embedding.named_parameters())
     bias, scale = embedding.distance_tables(length)
+    tables = {name: table for name, table in (("bias", bias), ("scale", scale)) if table is not None}
     position = torch.arange(length)
     distance = position[:, None] - position[None, :]
     index = distance.clamp(0, length - 1)
@@ -50,9 +53,9 @@ def eager_case(name: str, shape: tuple[int, int, int, int], dtype: torch.dtype =
     visible = distance >= 0 if window is None else (distance >= 0) & (distance < window)
     scores = scores.masked_fill(~visible, float("-inf"))
     output = torch.softmax(scores, -1) @ value.double()
-    grads = torch.autograd.grad((output * grad_output.double()).sum(), list(parameters.values()))
+    grads = torch.autograd.grad((output * grad_output.double()).sum(), [*parameters.values(), *tables.values()])
     return Case(embedding, query, key, value, grad_output, output.detach(), torch.logsumexp(scores, -1).detach(),
-                dict(zip(parameters, grads)))
+                dict(zip(parameters, grads)), dict(zip(tables, grads[len(parameters):])))
 
 
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -60,8 +63,20 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return ((got.double() - expected).abs().max() / expected.abs().max().clamp_min(1e-300)).item()
 
 
-def parameter_errors(case: Case, theta: torch.Tensor, grad_theta: torch.Tensor) -> dict[str, float]:
-    """Each parameter's relative error when ``grad_theta [P, H]`` is carried back through ``theta``."""
+def tables(case: Case) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The embedding's ``(bias, scale)`` float32 ``[H, L]`` tables, differentiable, at the case's length."""
+    return case.embedding.distance_tables(case.query.shape[-2])
+
+
+def gradient_errors(case: Case, bias: torch.Tensor | None, scale: torch.Tensor | None,
+                    grad_bias: torch.Tensor | None, grad_scale: torch.Tensor | None) -> dict[str, float]:
+    """Relative errors of the tables' gradients ``grad_bias``/``grad_scale`` ``[H, L]`` against the reference,
+    and of each parameter's gradient when autograd carries them back through ``bias``/``scale``."""
+    pairs = [(name, table, grad) for name, table, grad in (("bias", bias, grad_bias), ("scale", scale, grad_scale))
+             if table is not None]
+    assert [name for name, *_ in pairs] == list(case.table_gradients)
+    errors = {f"table {name}": relative_error(grad, case.table_gradients[name]) for name, _, grad in pairs}
     parameters = dict(case.embedding.named_parameters())
-    got = torch.autograd.grad(theta, list(parameters.values()), grad_theta.to(theta.dtype), retain_graph=True)
-    return {name: relative_error(g, case.gradients[name]) for name, g in zip(parameters, got)}
+    got = torch.autograd.grad([table for _, table, _ in pairs], list(parameters.values()),
+                              [grad.to(table.dtype) for _, table, grad in pairs], retain_graph=True)
+    return {**errors, **{name: relative_error(g, case.gradients[name]) for name, g in zip(parameters, got)}}

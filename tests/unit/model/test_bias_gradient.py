@@ -1,4 +1,4 @@
-"""The positional parameters' gradient summed apart from the attention kernel (:mod:`kerple.model.bias_gradient`),
+"""The distance tables' gradient summed apart from the attention kernel (:mod:`kerple.model.bias_gradient`),
 its CPU path, its place in autograd and ``torch.compile``, and its use by the model's FlexAttention.
 
 References: dense float64 attention differentiated by autograd (:mod:`bias_reference`), and the eager
@@ -11,40 +11,45 @@ import pytest
 import torch
 
 import kerple.model.bias_gradient as bias_gradient
-from kerple.model.bias_gradient import parameter_gradient, with_parameter_gradient
-from kerple.positional.jacobian import DistanceJacobian, distance_jacobian
+from kerple.model.bias_gradient import table_gradients, with_table_gradient
 
-from bias_reference import eager_case, parameter_errors
+from bias_reference import eager_case, gradient_errors, tables
 from compiled_flex import compiled_cpu_flex
 from test_flex_compiled_gradients import _model, _run, _tokens
 
 DISTANCE_BASED = ["gauss_bias2", "gauss_bias3", "gauss_wht1", "gauss_wht2", "kerple_bias_wht", "kerple_log",
                   "kerple_log3", "kerple_power", "kerple_wht", "rpe"]
-CPU = torch.device("cpu")
 
 
-def _torch_gradient(case, window):  # type: ignore[no-untyped-def]
-    jacobian = distance_jacobian(case.embedding, case.query.shape[-2], CPU)
-    grad_theta = parameter_gradient(case.query, case.key, case.value, case.output.float(), case.lse.float(),
-                                    case.grad_output, jacobian.tables, window)
-    return jacobian, grad_theta
+def _torch_errors(case, window):  # type: ignore[no-untyped-def]
+    bias, scale = tables(case)
+    grads = table_gradients(case.query, case.key, case.value, case.output.float(), case.lse.float(),
+                            case.grad_output, bias, scale, window)
+    return gradient_errors(case, bias, scale, *grads)
 
 
 @pytest.mark.parametrize("window", [None, 37])
 @pytest.mark.parametrize("name", DISTANCE_BASED)
 def test_cpu_reduction_equals_autograd(name: str, window: int | None, one_thread: None) -> None:
-    """Three blocks of query rows (150 = 2·64 + 22), batch 2, 3 heads, with and without a window."""
+    """Three blocks of query rows (150 = 2·64 + 22), batch 2, 3 heads, with and without a window: the tables'
+    gradient, and the parameters' once autograd carries it through the embedding's tables."""
     case = eager_case(name, (2, 3, 150, 16), window=window)
-    jacobian, grad_theta = _torch_gradient(case, window)
-    errors = parameter_errors(case, jacobian.theta, grad_theta)
+    errors = _torch_errors(case, window)
     assert max(errors.values()) < 1e-4, errors
 
 
-def test_identity_passes_the_output_and_returns_the_parameters_gradient(one_thread: None) -> None:
+@pytest.mark.parametrize(("name", "head_dim"), [("kerple_bias_wht", 64), ("rpe", 128)])
+def test_cpu_reduction_wide_heads(name: str, head_dim: int, one_thread: None) -> None:
+    case = eager_case(name, (2, 4, 70, head_dim), window=30)
+    errors = _torch_errors(case, 30)
+    assert max(errors.values()) < 1e-4, errors
+
+
+def test_identity_passes_the_output_and_returns_the_tables_gradient(one_thread: None) -> None:
     case = eager_case("kerple_bias_wht", (2, 3, 70, 16))
-    jacobian = distance_jacobian(case.embedding, 70, CPU)
+    bias, scale = tables(case)
     output = case.output.float().requires_grad_()
-    attached = with_parameter_gradient(output, case.query, case.key, case.value, case.lse.float(), jacobian, None)
+    attached = with_table_gradient(output, case.query, case.key, case.value, case.lse.float(), bias, scale, None)
     assert torch.equal(attached, output)
     grad_output, *parameter_grads = torch.autograd.grad(
         (attached * case.grad_output).sum(), [output, *case.embedding.parameters()])
@@ -54,26 +59,32 @@ def test_identity_passes_the_output_and_returns_the_parameters_gradient(one_thre
     assert max(errors.values()) < 1e-4, errors
 
 
+def test_identity_needs_a_table() -> None:
+    case = eager_case("rpe", (1, 1, 8, 16))
+    with pytest.raises(ValueError, match="needs a bias or a scale table"):
+        with_table_gradient(case.output.float(), case.query, case.key, case.value, case.lse.float(), None, None, None)
+
+
 def test_identity_compiles_as_one_opaque_call(one_thread: None) -> None:
     """Under ``torch.compile(fullgraph=True)`` (AOTAutograd, as a compiled layer) the custom op traces without a
-    graph break and its backward still returns the parameters' gradient."""
-    case = eager_case("rpe", (1, 2, 40, 16))
-    jacobian = distance_jacobian(case.embedding, 40, CPU)  # built outside the layers, as the model does
+    graph break and its backward still returns the tables' gradient."""
+    case = eager_case("kerple_wht", (1, 2, 40, 16))
+    bias, scale = tables(case)  # built outside the layers, as the model does
+    assert bias is None
 
-    def attend(output: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-        attached = with_parameter_gradient(output * 1.0, case.query, case.key, case.value, case.lse.float(),
-                                           DistanceJacobian(theta, jacobian.tables), None)
+    def attend(output: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        attached = with_table_gradient(output * 1.0, case.query, case.key, case.value, case.lse.float(), None, scale,
+                                       None)
         return (attached * case.grad_output).sum()
 
-    theta = jacobian.theta
     output = case.output.float().requires_grad_()
     torch._dynamo.reset()
     compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
-    got = torch.autograd.grad(compiled(output, theta), theta, retain_graph=True)[0]
-    expected = torch.autograd.grad(attend(output, theta), theta, retain_graph=True)[0]
+    got = torch.autograd.grad(compiled(output, scale), scale, retain_graph=True)[0]
+    expected = torch.autograd.grad(attend(output, scale), scale, retain_graph=True)[0]
     torch._dynamo.reset()
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
-    errors = parameter_errors(case, theta, got)
+    errors = gradient_errors(case, None, scale, None, got)
     assert max(errors.values()) < 1e-4, errors
 
 
@@ -84,8 +95,8 @@ def test_model_flex_uses_the_reduction_for_distance_based_terms(name: str, monke
     distance-based term, and the reduction runs once per layer; FIRE and CABLE keep FlexAttention's own."""
     model, tokens = _model(name, 16), _tokens()
     calls, captured = [], []
-    original_reduction, original_attend = bias_gradient.parameter_gradient, type(model._flex).attend
-    monkeypatch.setattr(bias_gradient, "parameter_gradient",
+    original_reduction, original_attend = bias_gradient.table_gradients, type(model._flex).attend
+    monkeypatch.setattr(bias_gradient, "table_gradients",
                         lambda *args, **kwargs: calls.append(1) or original_reduction(*args, **kwargs))
 
     def spying_attend(self, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -100,12 +111,16 @@ def test_model_flex_uses_the_reduction_for_distance_based_terms(name: str, monke
     assert any(captured) != separate
 
 
-def test_separate_gradient_off_keeps_flexattentions_own(monkeypatch: pytest.MonkeyPatch, one_thread: None) -> None:
-    """``separate_gradient=False`` (for comparisons): the same gradients, through the captured tensors."""
+@pytest.mark.parametrize(("name", "temperature"), [("kerple_log3", 1.0), ("kerple_bias_wht", 2.0)])
+def test_separate_gradient_off_keeps_flexattentions_own(name: str, temperature: float,
+                                                        monkeypatch: pytest.MonkeyPatch, one_thread: None) -> None:
+    """``separate_gradient=False`` (for comparisons): the same gradients, through the captured tensors; with a
+    softmax temperature the tables' gradient reaches the parameters through the model's division by it."""
     tokens = _tokens()
     grads = {}
     for separate in (True, False):
-        model = _model("kerple_log3", 16)
+        model = _model(name, 16)
+        model.set_temperature(temperature)
         model._flex.separate_gradient = separate
         with compiled_cpu_flex(monkeypatch, model._flex):
             grads[separate] = _run(model, "flex", tokens)[1]

@@ -1,9 +1,10 @@
-"""The Triton kernel of the positional-gradient reduction (:mod:`kerple.model.bias_gradient_triton`), run in
-Triton's CPU interpreter (``TRITON_INTERPRET=1``, set by ``tests/conftest.py`` without a GPU) or on CUDA.
+"""The Triton kernel of the tables' gradient (:mod:`kerple.model.bias_gradient_triton`), run in Triton's CPU
+interpreter (``TRITON_INTERPRET=1``, set by ``tests/conftest.py`` without a GPU) or on CUDA.
 
-Against dense float64 attention differentiated by autograd (:mod:`bias_reference`): every distance-based
-registry entry, head_dim 64 and 128, fp32 and bf16, lengths that are not a multiple of the tile, batch 2
-and 3 heads, a window; fp32 within 1e-4 relative. Small shapes: the interpreter runs each tile in numpy.
+Against dense float64 attention differentiated by autograd (:mod:`bias_reference`): the tables' gradient and
+the parameters' once autograd carries it through the embedding's tables, for every distance-based registry
+entry, head_dim 64 and 128, fp32 and bf16, lengths that are not a multiple of the tile, batch 2 and 3 heads,
+windows; fp32 within 1e-4 relative. Small shapes: the interpreter runs each tile in numpy.
 """
 
 from __future__ import annotations
@@ -11,13 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kerple.positional.jacobian import distance_jacobian
-
-from bias_reference import eager_case, parameter_errors
+from bias_reference import eager_case, gradient_errors, tables
 
 triton = pytest.importorskip("triton")
 from kerple.model import bias_gradient_triton  # noqa: E402
-from kerple.model.bias_gradient import parameter_gradient, row_terms  # noqa: E402
+from kerple.model.bias_gradient import _triton_sums, row_terms, table_gradients  # noqa: E402
 
 pytestmark = pytest.mark.triton_kernel
 DISTANCE_BASED = ["gauss_bias2", "gauss_bias3", "gauss_wht1", "gauss_wht2", "kerple_bias_wht", "kerple_log",
@@ -25,44 +24,48 @@ DISTANCE_BASED = ["gauss_bias2", "gauss_bias3", "gauss_wht1", "gauss_wht2", "ker
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _kernel_gradient(case, window, blocks=(16, 16), output=None):  # type: ignore[no-untyped-def]
-    """``dθ [P, H]`` from the kernel's partials (on ``DEVICE``), and the Jacobian whose ``theta`` receives it."""
-    length = case.query.shape[-2]
-    jacobian = distance_jacobian(case.embedding, length, torch.device("cpu"))
-    tables = jacobian.tables
+def _move(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.detach().float().to(DEVICE).contiguous()
+
+
+def _kernel_errors(case, window, block=16, output=None):  # type: ignore[no-untyped-def]
+    """Errors of the tables' gradient from the kernel's partials (on ``DEVICE``), combined as the model does."""
+    bias, scale = tables(case)
+    heads, length = case.query.shape[1:3]
     output = case.output.to(case.query.dtype) if output is None else output
-    move = lambda tensor: None if tensor is None else tensor.to(DEVICE)  # noqa: E731
-    partials = bias_gradient_triton.tile_partials(
-        *(move(t) for t in (case.query, case.key, case.value, case.grad_output)), move(case.lse.float()),
-        move(row_terms(output, case.grad_output)), move(tables.bias), move(tables.scale),
-        move(tables.bias_jacobian), move(tables.scale_jacobian), move(tables.support), window, blocks)
-    batch, heads = case.query.shape[:2]
-    return jacobian, partials.sum((0, 1)).view(batch, heads, -1).sum(0).T.cpu()
+    partials = bias_gradient_triton.diagonal_partials(
+        *(t.to(DEVICE) for t in (case.query, case.key, case.value, case.grad_output)), _move(case.lse),
+        _move(row_terms(output, case.grad_output)), _move(bias), _move(scale), window, block)
+    grads = [None if p is None else bias_gradient_triton.distance_sums_from_partials(p, heads, length).cpu()
+             for p in partials]
+    return gradient_errors(case, bias, scale, *grads)
 
 
 @pytest.mark.parametrize("name", DISTANCE_BASED)
 def test_kernel_equals_autograd_fp32_head_dim_64(name: str) -> None:
     """40 tokens in 16 x 16 tiles (the last tiles partial), batch 2, 3 heads."""
-    case = eager_case(name, (2, 3, 40, 64))
-    jacobian, grad_theta = _kernel_gradient(case, None)
-    errors = parameter_errors(case, jacobian.theta, grad_theta)
+    errors = _kernel_errors(eager_case(name, (2, 3, 40, 64)), None)
     assert max(errors.values()) < 1e-4, errors
 
 
-@pytest.mark.parametrize(("name", "window"), [("kerple_bias_wht", None), ("rpe", 11), ("gauss_bias3", 11)])
+@pytest.mark.parametrize(("name", "window"), [("kerple_bias_wht", None), ("rpe", 11), ("gauss_bias3", 16),
+                                              ("gauss_wht2", 17)])
 def test_kernel_equals_autograd_fp32_head_dim_128(name: str, window: int | None) -> None:
-    case = eager_case(name, (2, 3, 40, 128), window=window)
-    jacobian, grad_theta = _kernel_gradient(case, window)
-    errors = parameter_errors(case, jacobian.theta, grad_theta)
+    """Windows shorter than, equal to and one past a tile."""
+    errors = _kernel_errors(eager_case(name, (2, 3, 40, 128), window=window), window)
+    assert max(errors.values()) < 1e-4, errors
+
+
+def test_kernel_over_several_chunks() -> None:
+    """More query blocks than a program walks (:data:`CHUNK`): 150 tokens in 8 x 8 tiles, 19 query blocks."""
+    errors = _kernel_errors(eager_case("kerple_log", (1, 2, 150, 16)), None, block=8)
     assert max(errors.values()) < 1e-4, errors
 
 
 @pytest.mark.parametrize("head_dim", [8, 48])
 def test_kernel_default_tiles_and_odd_head_dim(head_dim: int) -> None:
     """The kernel's own tile choice (64 x 64 in fp32) over 100 tokens, head_dim padded to 16 or 64 lanes."""
-    case = eager_case("kerple_log3", (1, 2, 100, head_dim))
-    jacobian, grad_theta = _kernel_gradient(case, None, blocks=None)
-    errors = parameter_errors(case, jacobian.theta, grad_theta)
+    errors = _kernel_errors(eager_case("kerple_log3", (1, 2, 100, head_dim)), None, block=None)
     assert max(errors.values()) < 1e-4, errors
 
 
@@ -74,31 +77,30 @@ def test_kernel_in_bf16_equals_the_torch_reduction(name: str, head_dim: int) -> 
     output enters through ``rowsum(dO ∘ O)``)."""
     case = eager_case(name, (2, 3, 40, head_dim), dtype=torch.bfloat16)
     output = case.output.to(torch.bfloat16)
-    jacobian, grad_theta = _kernel_gradient(case, None, output=output)
-    reduction = parameter_gradient(case.query, case.key, case.value, output, case.lse.float(), case.grad_output,
-                                   jacobian.tables, None)
-    torch.testing.assert_close(grad_theta, reduction, rtol=1e-4, atol=1e-4 * reduction.abs().max().item())
-    errors = parameter_errors(case, jacobian.theta, grad_theta)
+    bias, scale = tables(case)
+    got = _triton_sums(*(t.to(DEVICE) for t in (case.query, case.key, case.value, case.grad_output)),
+                       _move(case.lse), _move(row_terms(output, case.grad_output)), _move(bias), _move(scale), None)
+    expected = table_gradients(case.query, case.key, case.value, output, case.lse.float(), case.grad_output, bias,
+                               scale, None)
+    for g, e in zip(got, expected):
+        if e is not None:
+            torch.testing.assert_close(g.cpu(), e, rtol=1e-4, atol=1e-4 * e.abs().max().item())
+    errors = gradient_errors(case, bias, scale, *(None if g is None else g.cpu() for g in got))
     assert max(errors.values()) < 2e-2, errors
 
 
 def test_cuda_entry_point_with_strided_inputs() -> None:
-    """What CUDA runs (``_triton_gradient``: partials summed over tiles and batch) on ``q``/``k``/``v`` viewed out of
-    one fused ``[b, L, H, 3d]`` projection, as the model's layers pass them, and a non-contiguous ``dO``: equal
-    to the CPU reduction on contiguous copies."""
-    from kerple.model.bias_gradient import _triton_gradient
-
+    """What CUDA runs (``_triton_sums``) on ``q``/``k``/``v`` viewed out of one fused ``[b, L, H, 3d]``
+    projection, as the model's layers pass them, and a non-contiguous ``dO``: equal to the CPU reduction on
+    contiguous copies."""
     case = eager_case("kerple_bias_wht", (2, 3, 40, 64))
     fused = torch.cat([t.transpose(1, 2) for t in (case.query, case.key, case.value)], dim=-1)  # [b, L, H, 3d]
     query, key, value = fused.transpose(1, 2).split(64, dim=-1)  # views with strides of the fused layout
     grad_output = case.grad_output.transpose(-1, -2).contiguous().transpose(-1, -2)  # unit stride along L, not d
-    jacobian = distance_jacobian(case.embedding, 40, torch.device("cpu"))
+    bias, scale = tables(case)
     output, lse = case.output.float(), case.lse.float()
-    move = lambda tensor: None if tensor is None else tensor.to(DEVICE)  # noqa: E731
-    tables = type(jacobian.tables)(*(move(getattr(jacobian.tables, f)) for f in
-                                     ("bias", "scale", "bias_jacobian", "scale_jacobian", "support")))
-    got = _triton_gradient(*(move(t) for t in (query, key, value, grad_output, lse)),
-                           move(row_terms(output, grad_output)), tables, None).cpu()
-    expected = parameter_gradient(case.query, case.key, case.value, output, lse, case.grad_output,
-                                  jacobian.tables, None)
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    got = _triton_sums(*(t.to(DEVICE) for t in (query, key, value, grad_output)), _move(lse),
+                       _move(row_terms(output, grad_output)), _move(bias), _move(scale), None)
+    expected = table_gradients(case.query, case.key, case.value, output, lse, case.grad_output, bias, scale, None)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g.cpu(), e, rtol=1e-5, atol=1e-5 * e.abs().max().item())
