@@ -28,10 +28,16 @@ one opaque call (forward: a copy of the output; backward: this reduction).
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from kerple.model.sdpa_cpu import key_range
 from kerple.positional.base import diagonal_sums
+
+logger = logging.getLogger(__name__)
+# Why the Triton kernel could not run on this machine, once it failed (it then stays off for the process).
+_TRITON_FAILURE: list[str] = []
 
 QUERY_BLOCK = 64  # query rows per block of the CPU reduction (as sdpa_cpu's backward)
 
@@ -98,10 +104,26 @@ def table_gradients(
     delta = row_terms(output, grad_output)
     lse = lse.float().contiguous()
     bias, scale = (None if t is None else t.detach().float().contiguous() for t in (bias, scale))
-    if query.device.type != "cuda":
-        return _distance_sums(query, key, value, lse, delta, grad_output, bias, scale, window)
-    return _triton_sums(query, key, value, grad_output, lse, delta, bias, scale, window)
-    return sums
+    return _reduce(query, key, value, lse, delta, grad_output, bias, scale, window, query.device.type == "cuda")
+
+
+def _reduce(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
+    grad_output: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None, window: int | None,
+    triton: bool,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The Triton kernel where ``triton`` asks for it and it has not failed here before, else the torch
+    reduction (the same sums, on any device). A kernel that does not compile or launch on this GPU
+    (a Triton or driver version it was not built for) costs a warning and speed, not the run."""
+    if triton and not _TRITON_FAILURE:
+        try:
+            return _triton_sums(query, key, value, grad_output, lse, delta, bias, scale, window)
+        except Exception as error:  # noqa: BLE001 -- any failure of the kernel: the torch path gives the same sums
+            first_line = (str(error).strip().splitlines() or [""])[0][:300]
+            _TRITON_FAILURE.append(f"{type(error).__name__}: {first_line}")
+            logger.warning("the Triton bias-gradient kernel failed (%s); the positional parameters' gradient "
+                           "comes from the torch reduction from now on (same values, slower)", _TRITON_FAILURE[0])
+    return _distance_sums(query, key, value, lse, delta, grad_output, bias, scale, window)
 
 
 def _triton_sums(

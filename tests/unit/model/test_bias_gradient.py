@@ -139,3 +139,31 @@ def test_checkpointed_layers_get_the_same_gradient(monkeypatch: pytest.MonkeyPat
             grads[checkpointed] = _run(model, "flex", tokens)[1]
     for key, expected in grads[False].items():
         torch.testing.assert_close(grads[True][key], expected, rtol=1e-6, atol=1e-8, msg=key)
+
+
+def test_a_kernel_that_fails_on_the_device_falls_back_to_the_torch_sums(monkeypatch, caplog, one_thread: None) -> None:
+    """A Triton kernel that does not compile on some GPU: one warning naming the error, the same sums from
+    the torch reduction, and no second attempt."""
+    case = eager_case("kerple_log", (2, 3, 70, 16))
+    bias, scale = tables(case)
+    attempts = []
+
+    def failing(*args, **kwargs):  # type: ignore[no-untyped-def]
+        attempts.append(1)
+        raise RuntimeError("PassManager::run failed\nmore detail")
+
+    monkeypatch.setattr(bias_gradient, "_triton_sums", failing)
+    monkeypatch.setattr(bias_gradient, "_TRITON_FAILURE", [])
+    delta = bias_gradient.row_terms(case.output.float(), case.grad_output)
+    inputs = (case.query, case.key, case.value, case.lse.float().contiguous(), delta, case.grad_output,
+              bias.detach().float().contiguous(), None, None)
+    with caplog.at_level("WARNING", logger="kerple.model.bias_gradient"):
+        first = bias_gradient._reduce(*inputs, triton=True)
+        second = bias_gradient._reduce(*inputs, triton=True)
+    assert len(attempts) == 1
+    assert [r.getMessage() for r in caplog.records if "Triton" in r.getMessage()] == [
+        "the Triton bias-gradient kernel failed (RuntimeError: PassManager::run failed); the positional "
+        "parameters' gradient comes from the torch reduction from now on (same values, slower)"]
+    errors = gradient_errors(case, bias, None, first[0], None)
+    assert max(errors.values()) < 1e-4, errors
+    assert torch.equal(first[0], second[0])
