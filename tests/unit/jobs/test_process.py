@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from kerple.reproduce.supervise import StopRequest, run_child
+from kerple.jobs.process import StopRequest, run_child
 
 # A stand-in for train.py: prints a step every 50 ms; on SIGTERM it "saves" and exits 0 (or ignores it).
 CHILD = """
