@@ -5,21 +5,17 @@
     python tools/gpu_check.py --device cpu --output /tmp/report   # the harness's own CPU run
     python tools/gpu_check.py --profile --output out/profile       # where a 162M step's time goes (150 s)
 
-The steps, their sizes and time budgets, and the report: benchmarks/gpu_check/.
+Where the project is not installed (a GPU image's python3), from the repository root:
+``PYTHONPATH=. python3 tools/gpu_check.py ...``. The steps, their sizes and time budgets, and the
+report: kerple/jobs/gpu_check/.
 """
 
-from __future__ import annotations
-
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from kerple.errors import exit_on_interrupt  # noqa: E402
+from kerple.errors import exit_on_interrupt
 
 with exit_on_interrupt("gpu_check.py"):  # Ctrl-C while the modules load: one line, status 130
-    from benchmarks.gpu_check.runner import main
+    from kerple.jobs.gpu_check.runner import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,19 +3,15 @@
     python tools/gpu_reproduce.py                      # one chunk of at most 9 minutes; run again to continue
     python tools/gpu_reproduce.py --tokens 100M --minutes 0
     python tools/gpu_reproduce.py --scale tiny         # the same orchestration on a CPU
-    python3 tools/gpu_reproduce.py --preset lease --output $OUT/reproduce --minutes 8.75   # one short lease
+    PYTHONPATH=. python3 tools/gpu_reproduce.py --preset lease --output $OUT/reproduce --minutes 8.75   # one lease
 
-What it runs, and why in child processes: kerple/reproduce/.
+Where the project is not installed (a GPU image's python3), run it from the repository root with
+``PYTHONPATH=.`` as above. What it runs, and why in child processes: kerple/reproduce/, kerple/jobs/.
 """
 
-from __future__ import annotations
-
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kerple.errors import exit_on_interrupt  # noqa: E402
+from kerple.errors import exit_on_interrupt
 
 with exit_on_interrupt("gpu_reproduce.py"):  # Ctrl-C while the modules load: one line, status 130
     from kerple.reproduce.cli import main

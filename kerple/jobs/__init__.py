@@ -6,7 +6,7 @@
 * :mod:`.demo`, :mod:`.demo_extension`, :mod:`.analysis_demo`: ``make demo``, ``make demo-extension``,
   ``make analysis-demo``; :mod:`.demo_runs` holds what they share (the demo's config, data and runs,
   the evaluate command);
-* :mod:`.gpu_check`: ``make gpu-check``'s driver (its steps: ``benchmarks/gpu_check/``);
+* :mod:`.gpu_check`: ``make gpu-check`` (:mod:`.gpu_check.runner` and its steps);
 * the GPU reproduction (``make gpu-reproduce``) runs its stages through :mod:`.process` and
   :mod:`.progress` (its plan, stages and report: :mod:`kerple.reproduce`).
 

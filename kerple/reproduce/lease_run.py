@@ -1,6 +1,6 @@
 """The lease preset's command: corpus, throughput, sizing, then train and evaluate every run.
 
-Every stage is a child process (:mod:`.supervise`), as in the chunked preset; the report in
+Every stage is a child process (:mod:`kerple.jobs.process`), as in the chunked preset; the report in
 ``--output`` is rewritten when the command starts and after every stage (:mod:`.lease_report`).
 A second command with the same options in the same lease (on the same machine) reuses the corpus,
 the sized steps and every finished run, as the chunked preset does.

@@ -19,7 +19,7 @@ import re
 import subprocess
 import sys
 
-from benchmarks.gpu_check.context import REPO, StepContext
+from kerple.jobs.gpu_check.context import REPO, StepContext
 
 NAME = "pytest -m gpu"
 SUMMARY = re.compile(

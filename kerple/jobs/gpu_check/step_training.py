@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_check.context import REPO, StepContext, model_config
+from kerple.jobs.gpu_check.context import REPO, StepContext, model_config
 
 NAME = "kerple_log training: loss falls, checkpoint, exact resume"
 MIN_DROP = 0.10
