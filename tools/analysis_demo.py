@@ -1,8 +1,5 @@
-"""`make analysis-demo`: why the demo's models extrapolate, with analyze.py.
-
-Run from the repository root (kerple installed, as `make install` does, or PYTHONPATH=.); the job
-itself: kerple/jobs/analysis_demo.py.
-"""
+"""`make analysis-demo` (kerple/jobs/analysis_demo.py);
+run from the repository root with kerple installed (`make install`) or with PYTHONPATH=."""
 
 import sys
 

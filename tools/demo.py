@@ -1,8 +1,5 @@
-"""`make demo`: the KERPLE paper's extrapolation story in minutes on a CPU, with embedded data.
-
-Run from the repository root (kerple installed, as `make install` does, or PYTHONPATH=.); the job
-itself: kerple/jobs/demo.py.
-"""
+"""`make demo` (kerple/jobs/demo.py);
+run from the repository root with kerple installed (`make install`) or with PYTHONPATH=."""
 
 import sys
 

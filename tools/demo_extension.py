@@ -1,8 +1,5 @@
-"""`make demo-extension`: PI and YaRN fine-tuned at a longer length beside KERPLE-log, ALiBi and rotary.
-
-Run from the repository root (kerple installed, as `make install` does, or PYTHONPATH=.); the job
-itself: kerple/jobs/demo_extension.py.
-"""
+"""`make demo-extension` (kerple/jobs/demo_extension.py);
+run from the repository root with kerple installed (`make install`) or with PYTHONPATH=."""
 
 import sys
 

@@ -1,22 +1,17 @@
 """The one way the jobs run a child process (prepare_data.py, train.py, evaluate.py, analyze.py, a GPU check step).
 
-Why child processes: a training stops cleanly only through its own signal handler (``SIGTERM``:
-finish the step, write a checkpoint, exit 0); a crash, an out-of-memory error or a hung compilation
-ends the child, never the job; each stage starts with an empty GPU and compile cache.
-
-How a child meets Ctrl-C depends on ``session``:
-
-* ``session=False`` (the demos): the child shares this process's group, so the terminal's Ctrl-C
-  reaches it too; it ends with status 130 and :meth:`Outcome.check` raises ``KeyboardInterrupt`` here.
-* ``session=True`` (the GPU check, the reproduction): the child has a session of its own and this
-  process decides what reaches it. A :class:`StopRequest` (SIGINT, SIGTERM, SIGHUP counted) or the
-  deadline sends ``stop_signal`` to the child alone (``None``: no request, the deadline kills); if it
-  has not exited ``grace`` seconds later, or a second request arrives, its whole group is killed. A
-  ``KeyboardInterrupt`` raised here kills the group and goes on up.
+Child processes, because a training stops cleanly only through its own signal handler (``SIGTERM``:
+finish the step, save, exit 0), a crash or a hung compilation ends the child and not the job, and each
+stage starts with an empty GPU. With ``session=False`` (the demos) the terminal's Ctrl-C reaches the
+child too; it exits 130 and :meth:`Outcome.check` raises ``KeyboardInterrupt`` here. With
+``session=True`` this process decides what reaches the child: a :class:`StopRequest` or the deadline
+sends it ``stop_signal`` (``None``: the deadline kills at once); ``grace`` seconds later, or on a second
+request, its whole group is killed, as when this process leaves on an exception (Ctrl-C).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -51,12 +46,9 @@ class StopRequest:
     def requested(self) -> bool:
         return self.count > 0
 
-    def _handle(self, signum: int, _frame: Any) -> None:
-        self.count += 1
-
     def install(self) -> None:
         for signum in HANDLED_SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._handle)
+            self._previous[signum] = signal.signal(signum, lambda *_: setattr(self, "count", self.count + 1))
 
     def restore(self) -> None:
         for signum, handler in self._previous.items():
@@ -89,44 +81,34 @@ class Outcome:
 
     def check(self, what: str) -> None:
         """Raise ``KeyboardInterrupt`` for an interrupted child and :class:`ChildFailed` (``what exited
-        with status N: its last line``) for a failed one. A last line that is not a one-line refusal
-        (a crash's traceback) has the lines before it printed on stderr first."""
+        with status N: its last line``) for a failed one; the lines before a last line that is not a
+        one-line refusal (a crash's traceback) are printed on stderr first."""
         if self.interrupted:
             raise KeyboardInterrupt
-        if self.ok:
-            return
-        last = self.last_line("(its output is above)" if not self.tail else "(no output)")
-        if ": error: " not in last and self.tail:
-            print("\n".join(line for line in list(self.tail)[-30:] if line.strip()), file=sys.stderr)
-        raise ChildFailed(f"{what} exited with status {self.returncode}: {last}")
+        if not self.ok:
+            last = self.last_line("(its output is above)" if not self.tail else "(no output)")
+            if ": error: " not in last and self.tail:
+                print("\n".join(line for line in self.tail[-30:] if line.strip()), file=sys.stderr)
+            raise ChildFailed(f"{what} exited with status {self.returncode}: {last}")
 
 
 def _kill_group(process: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _reader(process: subprocess.Popen, log_path: Path | None, tail: deque[str],
             on_line: Callable[[str], None] | None) -> threading.Thread:
     """A thread copying the child's output to the log file, ``tail`` and ``on_line``."""
     def read() -> None:
-        log = open(log_path, "a", encoding="utf-8") if log_path else None
-        try:
-            if log:
-                log.write(f"\n$ {' '.join(map(str, process.args))}  # {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        with open(log_path or os.devnull, "a", encoding="utf-8") as log:
+            log.write(f"\n$ {' '.join(map(str, process.args))}  # {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
             for raw in process.stdout:
-                if log:
-                    log.write(raw)
-                    log.flush()
-                line = raw.rstrip("\n")
-                tail.append(line)
+                log.write(raw)
+                log.flush()
+                tail.append(raw.rstrip("\n"))
                 if on_line:
-                    on_line(line)
-        finally:
-            if log:
-                log.close()
+                    on_line(raw.rstrip("\n"))
 
     thread = threading.Thread(target=read, daemon=True)
     thread.start()

@@ -15,17 +15,17 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kerple.jobs.process import StopRequest, child_environment, run_child
+from kerple.jobs.progress import MetricsFollower, Progress
 from kerple.reproduce.errors import ReproduceError
 from kerple.reproduce.lease import (SAFETY, LeaseOptions, LeasePlan, Throughput, check_minutes, corpus_seconds,
                                     eval_kernel, overhead_parts, probe_arguments, probe_rate, probe_settings,
                                     read_throughput_report, run_kernel, size_steps)
 from kerple.reproduce.lease_report import check_output, write_lease_report
 from kerple.reproduce.plan import REPO, Corpus, run_folder
-from kerple.jobs.progress import MetricsFollower, Progress
 from kerple.reproduce.stages import (Context, StageFailed, checkpoint_step, choose_eval_tokens, corpus_prefix,
                                      echo_lines, evaluate, flex_failure, results_file, stage_failure, train)
 from kerple.reproduce.state import State
-from kerple.jobs.process import StopRequest, child_environment, run_child
 
 PROG = "gpu_reproduce.py"
 CORPUS_GRACE_S = 15.0  # the corpus child stops itself at its deadline; this ends one that hangs

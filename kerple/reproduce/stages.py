@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from kerple.atomic import write_json_atomic
-from kerple.reproduce.errors import ReproduceError
 from kerple.jobs.process import Outcome, StopRequest, run_child
 from kerple.jobs.progress import MetricsFollower, Progress
+from kerple.reproduce.errors import ReproduceError
 from kerple.reproduce.plan import REPO, SOURCE, Corpus, Settings, config_arguments, run_folder
 from kerple.reproduce.state import Chunk, State
 

@@ -1,4 +1,9 @@
-"""Runs the GPU check's steps in order and keeps the report current after each one.
+"""``make gpu-check``: runs the GPU check's steps in order and keeps the report current after each one.
+
+    python tools/gpu_check.py                    # every step on the CUDA GPU (refused without one)
+    python tools/gpu_check.py --steps 3,4        # some steps, merged into the existing report
+    python tools/gpu_check.py --device cpu --output /tmp/report   # the harness's own CPU run
+    python tools/gpu_check.py --profile --output out/profile       # where a 162M step's time goes (150 s)
 
 Each step runs in its own Python process by default: a step that crashes, hangs or exhausts the GPU
 cannot take the next ones with it, and every step starts with an empty GPU and compile cache. The
@@ -21,11 +26,11 @@ import time
 import traceback
 from pathlib import Path
 
+from kerple.errors import entry_point
 from kerple.jobs.gpu_check import STEP_MODULES
 from kerple.jobs.gpu_check import report as reports
 from kerple.jobs.gpu_check.context import KILL_GRACE_S, REPO, SCALES, Skip, StepContext
 from kerple.jobs.gpu_check.report import StepResult
-from kerple.errors import entry_point
 from kerple.jobs.process import run_child
 
 WORK = Path(tempfile.gettempdir()) / "kerple-gpu-check"  # scratch: never inside the report folder

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from kerple.jobs.process import StopRequest
+from kerple.jobs.progress import Progress
 from kerple.reproduce.cli import main
 from kerple.reproduce.errors import ReproduceError
 from kerple.reproduce.lease import (LEASE_SCALES, LeaseOptions, LeasePlan, check_minutes, least_minutes, lease_scale,
@@ -19,10 +21,8 @@ from kerple.reproduce.lease import (LEASE_SCALES, LeaseOptions, LeasePlan, check
 from kerple.reproduce.lease_report import check_output, output_problems
 from kerple.reproduce.lease_run import prepare, run_all, start_state
 from kerple.reproduce.plan import FULL, TINY
-from kerple.jobs.progress import Progress
 from kerple.reproduce.stages import Context
 from kerple.reproduce.state import State
-from kerple.jobs.process import StopRequest
 
 # Stand-in interpreter: `-m kerple.reproduce.corpus ...` runs the real one; train.py and evaluate.py are faked.
 FAKE = """

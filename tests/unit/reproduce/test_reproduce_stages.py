@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from kerple.data import preprocess
+from kerple.jobs.process import StopRequest
+from kerple.jobs.progress import Progress
 from kerple.reproduce.cli import finish, run_stages
 from kerple.reproduce.errors import ReproduceError
 from kerple.reproduce.plan import TINY, Corpus, Settings
-from kerple.jobs.progress import Progress
 from kerple.reproduce.report import Outputs
 from kerple.reproduce.stages import (Context, StageFailed, checkpoint_step, choose_eval_tokens, evaluate, flex_failure,
                                      merge_parts, results_file, train)
 from kerple.reproduce.state import State
-from kerple.jobs.process import StopRequest
 
 # Stand-in interpreter: argv[1] is train.py or evaluate.py, then the run's YAML files and key=value overrides.
 FAKE = """
