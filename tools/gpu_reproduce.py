@@ -1,21 +1,9 @@
-"""`make gpu-reproduce`: the KERPLE paper's Table 3 at 162M on one GPU, in re-runnable chunks or in one lease.
-
-    python tools/gpu_reproduce.py                      # one chunk of at most 9 minutes; run again to continue
-    python tools/gpu_reproduce.py --tokens 100M --minutes 0
-    python tools/gpu_reproduce.py --scale tiny         # the same orchestration on a CPU
-    python3 tools/gpu_reproduce.py --preset lease --output $OUT/reproduce --minutes 8.75   # one short lease
-
-What it runs, and why in child processes: kerple/reproduce/.
-"""
-
-from __future__ import annotations
+"""`make gpu-reproduce` (kerple/reproduce/cli.py);
+run from the repository root with kerple installed (`make install`) or with PYTHONPATH=."""
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kerple.errors import exit_on_interrupt  # noqa: E402
+from kerple.errors import exit_on_interrupt
 
 with exit_on_interrupt("gpu_reproduce.py"):  # Ctrl-C while the modules load: one line, status 130
     from kerple.reproduce.cli import main

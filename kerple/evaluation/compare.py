@@ -1,6 +1,6 @@
 """Compare evaluated runs: the Table-3 layout (KERPLE §5.2) and a perplexity-vs-length plot.
 
-Used by ``tools/compare_runs.py`` and ``tools/demo.py``.
+Used by ``tools/compare_runs.py`` and ``make demo`` (:mod:`kerple.jobs.demo`).
 """
 
 from __future__ import annotations

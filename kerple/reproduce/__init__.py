@@ -14,7 +14,7 @@ tokens and time, training steps sized from a measured throughput to fit ``--minu
 report of four files in ``--output`` only, rewritten after every stage.
 
 Modules: :mod:`.plan` (scales, budget, config arguments), :mod:`.state` (what earlier chunks did),
-:mod:`.supervise` (child processes with a deadline), :mod:`.stages` (corpus, training, evaluation),
+:mod:`kerple.jobs.process` (child processes with a deadline), :mod:`.stages` (corpus, training, evaluation),
 :mod:`.report` (tables, plot, docs), :mod:`.cli` (the command); for the lease :mod:`.lease` (its
 scales and the sizing rule), :mod:`.corpus` (the capped corpus), :mod:`.lease_run` (its stages) and
 :mod:`.lease_report` (its report).

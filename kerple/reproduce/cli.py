@@ -24,16 +24,16 @@ import time
 from pathlib import Path
 
 from kerple.errors import entry_point
+from kerple.jobs.process import StopRequest, child_environment
+from kerple.jobs.progress import Progress
 from kerple.reproduce.errors import ReproduceError
 from kerple.reproduce.lease import lease_options
 from kerple.reproduce.lease_run import report_only, run_lease
 from kerple.reproduce.plan import DEFAULT_POS_EMBS, REPO, SCALES, Corpus, Settings, check_pos_embs, parse_tokens
-from kerple.reproduce.progress import Progress
 from kerple.reproduce.report import Outputs, check_readme, setup_lines, write_report
 from kerple.reproduce.stages import (Context, StageFailed, checkpoint_step, choose_eval_tokens, corpus_prefix,
                                      detect_device, ensure_corpus, evaluate, results_file, train)
 from kerple.reproduce.state import State
-from kerple.reproduce.supervise import StopRequest, child_environment
 
 PROG = "gpu_reproduce.py"
 PRESETS = ("chunks", "lease")

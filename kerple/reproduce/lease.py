@@ -36,7 +36,6 @@ from typing import Any
 
 from kerple.reproduce.errors import ReproduceError
 from kerple.reproduce.plan import SCALES, Corpus, Scale, Settings, config_arguments, parse_tokens
-from kerple.reproduce.progress import STEP_LINE, TOKENS_PER_S
 
 SAFETY = 0.9
 LEASE_FORMAT = "kerple-reproduce-lease-1"
@@ -271,20 +270,23 @@ def with_overrides(arguments: list[str], overrides: dict[str, Any]) -> list[str]
     return kept + [f"{key}={value}" for key, value in overrides.items()]
 
 
+def probe_settings(settings: Settings, lease: LeaseScale) -> Settings:
+    """The probe's settings: the first run's, ``probe_steps`` steps, its own work folder."""
+    return replace(settings, work=settings.work / "probe", tokens=lease.probe_steps * settings.scale.tokens_per_step,
+                   scale=replace(settings.scale, log_interval=lease.probe_log_interval))
+
+
 def probe_arguments(settings: Settings, corpus: Corpus, pos_emb: str, impl: str, lease: LeaseScale) -> list[str]:
     """``train.py``'s arguments for the probe: the first run's config, ``probe_steps`` steps, no checkpoint."""
-    probe = replace(settings, work=settings.work / "probe", tokens=lease.probe_steps * settings.scale.tokens_per_step,
-                    scale=replace(settings.scale, log_interval=lease.probe_log_interval))
+    probe = probe_settings(settings, lease)
     return with_overrides(config_arguments(probe, corpus, pos_emb, impl), {"save": "", "load": ""})
 
 
-def probe_rate(lines: Sequence[str], log_interval: int) -> float | None:
-    """The median of the logged tokens/s of the windows after the first (which holds the compilation)."""
-    rates = []
-    for line in lines:
-        step, rate = STEP_LINE.search(line), TOKENS_PER_S.search(line)
-        if step and rate and int(step.group(1)) >= 2 * log_interval:
-            rates.append(float(rate.group(1).replace(",", "")))
+def probe_rate(records: Sequence[dict[str, Any]], log_interval: int) -> float | None:
+    """The median of the recorded tokens/s (``metrics.jsonl``) of the windows after the first (which holds
+    the compilation)."""
+    rates = [float(record["train/tokens_per_s"]) for record in records
+             if record["step"] >= 2 * log_interval and math.isfinite(record.get("train/tokens_per_s", math.nan))]
     return statistics.median(rates) if rates else None
 
 

@@ -1,6 +1,6 @@
 """The lease preset's command: corpus, throughput, sizing, then train and evaluate every run.
 
-Every stage is a child process (:mod:`.supervise`), as in the chunked preset; the report in
+Every stage is a child process (:mod:`kerple.jobs.process`), as in the chunked preset; the report in
 ``--output`` is rewritten when the command starts and after every stage (:mod:`.lease_report`).
 A second command with the same options in the same lease (on the same machine) reuses the corpus,
 the sized steps and every finished run, as the chunked preset does.
@@ -15,17 +15,17 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kerple.jobs.process import StopRequest, child_environment, run_child
+from kerple.jobs.progress import MetricsFollower, Progress
 from kerple.reproduce.errors import ReproduceError
 from kerple.reproduce.lease import (SAFETY, LeaseOptions, LeasePlan, Throughput, check_minutes, corpus_seconds,
-                                    eval_kernel, overhead_parts, probe_arguments, probe_rate, read_throughput_report,
-                                    run_kernel, size_steps)
+                                    eval_kernel, overhead_parts, probe_arguments, probe_rate, probe_settings,
+                                    read_throughput_report, run_kernel, size_steps)
 from kerple.reproduce.lease_report import check_output, write_lease_report
 from kerple.reproduce.plan import REPO, Corpus, run_folder
-from kerple.reproduce.progress import Progress
 from kerple.reproduce.stages import (Context, StageFailed, checkpoint_step, choose_eval_tokens, corpus_prefix,
                                      echo_lines, evaluate, flex_failure, results_file, stage_failure, train)
 from kerple.reproduce.state import State
-from kerple.reproduce.supervise import StopRequest, child_environment, run_child
 
 PROG = "gpu_reproduce.py"
 CORPUS_GRACE_S = 15.0  # the corpus child stops itself at its deadline; this ends one that hangs
@@ -49,7 +49,7 @@ def ensure_lease_corpus(ctx: Context, options: LeaseOptions) -> Corpus | None:
     env = {**ctx.env, "TOKENIZERS_PARALLELISM": "true"}  # one tokenizer call spreads over every core
     outcome = run_child(command, log_path=ctx.log("corpus"), stop=ctx.stop,
                         deadline=time.monotonic() + seconds + CORPUS_GRACE_S, grace=CORPUS_GRACE_S,
-                        on_line=echo_lines(ctx, "corpus"), env=env, cwd=REPO)
+                        on_line=echo_lines(ctx, "corpus"), env=env)
     if outcome.stopped == "signal":
         return None
     if not outcome.ok or not info.is_file():
@@ -75,13 +75,12 @@ def probe(ctx: Context, corpus: Corpus, options: LeaseOptions) -> Throughput | N
     fallback, impl = None, settings.attention_impl
     while True:
         ctx.out(f"probe: {lease.probe_steps} steps of {name} to measure tokens/s (attention_impl {impl})")
-        lines: list[str] = []
-        echo = echo_lines(ctx, "probe")
-        outcome = run_child([ctx.python, REPO / "train.py", *probe_arguments(settings, corpus, name, impl, lease)],
-                            log_path=ctx.log("probe"), stop=ctx.stop, deadline=ctx.stage_deadline,
-                            grace=settings.scale.stop_margin_s, on_line=lambda line: (lines.append(line), echo(line)),
-                            env=ctx.env, cwd=REPO)
-        rate = probe_rate(lines, lease.probe_log_interval)
+        follower = MetricsFollower(run_folder(probe_settings(settings, lease), name) / "logs" / "metrics.jsonl")
+        arguments = probe_arguments(settings, corpus, name, impl, lease)
+        outcome = run_child([ctx.python, REPO / "train.py", *arguments], log_path=ctx.log("probe"), stop=ctx.stop,
+                            deadline=ctx.stage_deadline, grace=settings.scale.stop_margin_s,
+                            on_line=echo_lines(ctx, "probe"), on_tick=follower.poll, env=ctx.env)
+        rate = probe_rate(follower.records, lease.probe_log_interval)
         if outcome.stopped:
             return None
         if outcome.ok and rate:

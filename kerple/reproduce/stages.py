@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from kerple.atomic import write_json_atomic
+from kerple.jobs.process import Outcome, StopRequest, run_child
+from kerple.jobs.progress import MetricsFollower, Progress
 from kerple.reproduce.errors import ReproduceError
 from kerple.reproduce.plan import REPO, SOURCE, Corpus, Settings, config_arguments, run_folder
-from kerple.reproduce.progress import Progress
 from kerple.reproduce.state import Chunk, State
-from kerple.reproduce.supervise import Outcome, StopRequest, run_child
 
 FLEX_FAILURE = re.compile(r"No valid triton configs|out of resource|BackendCompilerFailed|InductorError|"
                           r"flex_attention|FlexAttention", re.IGNORECASE)
@@ -90,14 +90,21 @@ def flex_failure(lines: list[str]) -> str | None:
     return next((line.strip()[:300] for line in reversed(lines) if FLEX_FAILURE.search(line)), None)
 
 
-def echo_lines(ctx: Context, name: str, pos_emb: str | None = None) -> Callable[[str], None]:
+def echo_lines(ctx: Context, name: str) -> Callable[[str], None]:
     def on_line(line: str) -> None:
-        if OVERRIDE_LOG.match(line):
-            return
-        ctx.out(f"[{name}] {line}")
-        if pos_emb is not None and ctx.progress.observe(pos_emb, line) and ctx.progress.due():
-            ctx.out(ctx.progress.line())
+        if not OVERRIDE_LOG.match(line):
+            ctx.out(f"[{name}] {line}")
     return on_line
+
+
+def follow_progress(ctx: Context, pos_emb: str) -> Callable[[], None]:
+    """An ``on_tick`` reading ``pos_emb``'s ``metrics.jsonl`` into the progress line, printed when due."""
+    follower = MetricsFollower(run_folder(ctx.settings, pos_emb) / "logs" / "metrics.jsonl")
+
+    def tick() -> None:
+        if ctx.progress.observe(pos_emb, follower.poll()) and ctx.progress.due():
+            ctx.out(ctx.progress.line())
+    return tick
 
 
 def stage_failure(what: str, outcome: Outcome, log: Path) -> StageFailed:
@@ -128,7 +135,7 @@ def ensure_corpus(ctx: Context) -> Corpus | None:
         command += ["--root", root]
     ctx.out(f"corpus: preparing the Python sources on this machine ({workers} worker(s)); this runs once")
     outcome = run_child(command, log_path=ctx.log("corpus"), stop=ctx.stop, on_line=echo_lines(ctx, "corpus"),
-                        env=ctx.env, cwd=REPO)
+                        env=ctx.env)
     if outcome.stopped:
         return None
     if not outcome.ok or not info.is_file():
@@ -177,7 +184,7 @@ def train(ctx: Context, corpus: Corpus, pos_emb: str) -> bool:
         command = [ctx.python, REPO / "train.py", *config_arguments(settings, corpus, pos_emb, impl)]
         outcome = run_child(command, log_path=ctx.log(f"{pos_emb}-train"), stop=ctx.stop,
                             deadline=ctx.stage_deadline, margin=scale.stop_margin_s, grace=scale.stop_margin_s,
-                            on_line=echo_lines(ctx, pos_emb, pos_emb), env=ctx.env, cwd=REPO)
+                            on_line=echo_lines(ctx, pos_emb), on_tick=follow_progress(ctx, pos_emb), env=ctx.env)
         end = checkpoint_step(folder)
         status = "finished" if end >= settings.steps else "stopped" if outcome.ok or outcome.stopped else "failed"
         record.chunks.append(Chunk("train", outcome.seconds, start, end, impl, status))
@@ -238,7 +245,7 @@ def _evaluate_lengths(ctx: Context, corpus: Corpus, pos_emb: str, lengths: list[
                "--protocol", "nonoverlap", "--num-tokens", str(tokens), "--output", parts / f"{number}.json",
                "--no-progress"]
     return run_child(command, log_path=ctx.log(f"{pos_emb}-evaluate"), stop=ctx.stop, deadline=ctx.stage_deadline,
-                     grace=EVAL_GRACE_S, on_line=echo_lines(ctx, pos_emb), env=ctx.env, cwd=REPO)
+                     grace=EVAL_GRACE_S, on_line=echo_lines(ctx, pos_emb), env=ctx.env)
 
 
 def evaluate(ctx: Context, corpus: Corpus, pos_emb: str) -> bool:

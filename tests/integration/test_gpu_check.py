@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_check import STEP_MODULES, runner, step_correctness
+from kerple.jobs.gpu_check import STEP_MODULES, runner, step_correctness
 
 
 def _report(folder: Path) -> dict:

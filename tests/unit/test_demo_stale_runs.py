@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from kerple.jobs import analysis_demo, demo_runs
+
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = "data/demo/tokenizer.json"  # only named: loading a config does not read it
-
-
-def demo_module():
-    spec = importlib.util.spec_from_file_location("demo_tool", REPO / "tools" / "demo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def finished_run(demo, tmp_path: Path, lr: str):
@@ -38,7 +30,7 @@ def finished_run(demo, tmp_path: Path, lr: str):
 
 
 def test_a_run_trained_with_another_config_is_set_aside(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    demo = demo_module()
+    demo = demo_runs
     args, data, run = finished_run(demo, tmp_path, lr="0.5")
     demo.set_aside_stale_runs(args, data, ["alibi"])
     out = capsys.readouterr().out
@@ -50,7 +42,7 @@ def test_a_run_trained_with_another_config_is_set_aside(tmp_path: Path, capsys: 
 
 
 def test_a_run_trained_with_this_config_is_reused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    demo = demo_module()
+    demo = demo_runs
     args, data, run = finished_run(demo, tmp_path, lr=str(demo.parse_args([]).lr))
     assert demo.config_changes("alibi", args, data) == []
     demo.set_aside_stale_runs(args, data, ["alibi"])
@@ -60,19 +52,12 @@ def test_a_run_trained_with_this_config_is_reused(tmp_path: Path, capsys: pytest
 def test_a_run_finished_at_another_step_count_is_set_aside_not_resumed(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture) -> None:
     """Resuming it with the demo's steps changed its schedule: train.py refused and the demo traced back."""
-    demo = demo_module()
+    demo = demo_runs
     _, data, run = finished_run(demo, tmp_path, lr="0.003")
     args = demo.parse_args(["--pos-emb", "alibi", "--steps", "8", "--runs", str(tmp_path / "runs")])
     demo.set_aside_stale_runs(args, data, ["alibi"])
     assert "its checkpoint is global_step5, not global_step8 of --steps 8" in capsys.readouterr().out
     assert not run.exists()
-
-
-def load_analysis_demo():
-    spec = importlib.util.spec_from_file_location("analysis_demo_tool", REPO / "tools" / "analysis_demo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_analysis_demo_names_the_step_count_of_the_runs_it_found(tmp_path: Path,
@@ -85,9 +70,9 @@ def test_analysis_demo_names_the_step_count_of_the_runs_it_found(tmp_path: Path,
         (tmp_path / "runs" / name / "global_step200").mkdir(parents=True)
         (tmp_path / "runs" / name / "latest").write_text("global_step200")
     argv = ["--runs", str(tmp_path / "runs"), "--data-dir", str(data_dir)]
-    assert load_analysis_demo().main(argv) == 2
+    assert analysis_demo.main(argv) == 2
     err = capsys.readouterr().err
     assert "end at step 200 (kerple_log, alibi), not at step 400 (--steps 400)" in err
     assert "ANALYSIS_ARGS='--steps 200'" in err and err.count("\n") == 1
-    assert load_analysis_demo().main([*argv, "--factor", "0"]) == 2
+    assert analysis_demo.main([*argv, "--factor", "0"]) == 2
     assert "--factor 0: expected at least 1" in capsys.readouterr().err

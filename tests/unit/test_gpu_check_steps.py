@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.gpu_check import step_correctness, step_gpu_tests, step_throughput
-from benchmarks.gpu_check.step_throughput import target_checks
+from kerple.jobs.gpu_check import step_correctness, step_gpu_tests, step_throughput
+from kerple.jobs.gpu_check.step_throughput import target_checks
 
 LONG = "x" * 150  # longer than any terminal line: the short summary alone would cut it
 MODULE = f'''
@@ -93,7 +93,7 @@ def _fake_run(positional: dict[str, torch.Tensor]) -> dict[str, object]:
 
 
 def test_correctness_fails_a_case_where_flex_loses_a_positional_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 29: eager has a gradient for bias_p and flex none. The case must fail, not pass as 'n/a'."""
+    """Eager has a gradient for bias_p and flex none. The case must fail, not pass as 'n/a'."""
     grads = {"bias_p": torch.ones(4), "bias_a": torch.ones(4)}
     runs = {"eager": _fake_run(grads), "flex": _fake_run({})}
     assert step_correctness.missing_gradients(runs["flex"], runs["eager"]) == ["bias_p", "bias_a"]
@@ -125,8 +125,8 @@ def test_throughput_rows_of_frozen_positional_parameters_are_invalid(tmp_path: P
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Timed steps that leave a learnable embedding's parameters unchanged make the row invalid and
     the step fail; embeddings without learnable parameters are measured as usual."""
-    from benchmarks.gpu_check.context import SCALES, StepContext
-    from benchmarks.gpu_check.report import StepResult
+    from kerple.jobs.gpu_check.context import SCALES, StepContext
+    from kerple.jobs.gpu_check.report import StepResult
 
     monkeypatch.setattr(step_throughput, "_cell", lambda ctx, trainer, peak, tokens: (0.5, 0.1, 1024))
     result = StepResult(4, step_throughput.NAME)
@@ -144,7 +144,7 @@ def test_profile_busy_fraction_and_kernel_ranking() -> None:
     """GPU busy time is the union of kernel intervals (overlaps once); kernels rank by total time."""
     from types import SimpleNamespace
 
-    from benchmarks.gpu_check.step_profile import interval_union, kernel_summary
+    from kerple.jobs.gpu_check.step_profile import interval_union, kernel_summary
 
     assert interval_union([(0, 10), (5, 15), (20, 30), (22, 25)]) == 25
     assert interval_union([]) == 0
@@ -164,7 +164,7 @@ def test_profile_busy_fraction_and_kernel_ranking() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a CUDA device")
 def test_quick_without_a_gpu_says_nothing_was_checked(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """--quick on a CPU machine ran the harness's CPU test and ended 'passed' with a 0.00 TFLOP/s peak."""
-    from benchmarks.gpu_check import runner
+    from kerple.jobs.gpu_check import runner
 
     with pytest.raises(SystemExit) as stopped:
         runner.main(["--quick", "--output", str(tmp_path / "report")])

@@ -1,9 +1,11 @@
-"""The package's modules import each other without cycles, function-level imports included.
+"""The tree's modules import each other without cycles, function-level imports included: the package,
+the scripts under tools/ and benchmarks/, and the entry points at the root.
 
-An import inside a function hides a cycle from Python but not from a reader; so does
-``importlib.import_module`` with a literal name. Both count here. Imports under
-``if TYPE_CHECKING:`` do not run and do not count. ``from package import module`` depends on that
-module, not on the package's ``__init__``.
+An import inside a function hides a cycle from Python but not from a reader; so do
+``importlib.import_module`` with a literal name and a file loaded by ``spec_from_file_location``. All
+count here. Imports under ``if TYPE_CHECKING:`` do not run and do not count. ``from package import
+module`` depends on that module, not on the package's ``__init__``. A script imports its siblings by
+their bare name (its folder leads ``sys.path``): ``import demo`` in tools/ is ``tools.demo``.
 """
 
 from __future__ import annotations
@@ -16,12 +18,22 @@ import networkx as nx
 ROOT = Path(__file__).resolve().parents[2]
 
 
+SCRIPT_FOLDERS = ("tools", "benchmarks")
+
+
 def module_names() -> dict[str, Path]:
+    paths = [*(ROOT / "kerple").rglob("*.py"), *ROOT.glob("*.py")]
+    paths += [path for folder in SCRIPT_FOLDERS for path in (ROOT / folder).rglob("*.py")]
     names = {}
-    for path in (ROOT / "kerple").rglob("*.py"):
+    for path in paths:
         parts = path.relative_to(ROOT).with_suffix("").parts
         names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return names
+
+
+def _loaded_files(node: ast.Call) -> set[str]:
+    """``spec_from_file_location(name, ROOT / "tools" / "demo.py")``: the ``.py`` names it loads."""
+    return {str(c.value) for c in ast.walk(node) if isinstance(c, ast.Constant) and str(c.value).endswith(".py")}
 
 
 def _type_checking_nodes(tree: ast.Module) -> set[int]:
@@ -32,8 +44,9 @@ def _type_checking_nodes(tree: ast.Module) -> set[int]:
     return hidden
 
 
-def imported(tree: ast.Module, modules: dict[str, Path]) -> set[str]:
-    """The project modules ``tree`` imports (anywhere but under TYPE_CHECKING)."""
+def imported(tree: ast.Module, modules: dict[str, Path], folder: str = "") -> set[str]:
+    """The project modules ``tree`` (a module of ``folder``, e.g. ``tools``) imports (anywhere but under
+    TYPE_CHECKING)."""
     hidden, found = _type_checking_nodes(tree), set()
     for node in ast.walk(tree):
         if id(node) in hidden:
@@ -48,7 +61,14 @@ def imported(tree: ast.Module, modules: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module") and node.args:
             if isinstance(node.args[0], ast.Constant):
                 found.add(str(node.args[0].value))
-    return found & set(modules)
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("spec_from_file_location"):
+            found.update(_loaded_modules(_loaded_files(node), modules))
+    siblings = {f"{folder}.{name}" for name in found if folder and "." not in name}
+    return (found | siblings) & set(modules)
+
+
+def _loaded_modules(files: set[str], modules: dict[str, Path]) -> set[str]:
+    return {name for name, path in modules.items() if path.name in files and path.name != "__init__.py"}
 
 
 def import_graph() -> nx.DiGraph:
@@ -56,7 +76,8 @@ def import_graph() -> nx.DiGraph:
     graph = nx.DiGraph()
     for name, path in modules.items():
         graph.add_node(name)
-        for target in imported(ast.parse(path.read_text(encoding="utf-8")), modules) - {name}:
+        folder = name.rpartition(".")[0] if name.split(".")[0] in SCRIPT_FOLDERS else ""
+        for target in imported(ast.parse(path.read_text(encoding="utf-8")), modules, folder) - {name}:
             graph.add_edge(name, target)
     return graph
 
@@ -67,6 +88,25 @@ def test_the_checker_sees_a_cycle() -> None:
     assert imported(tree, modules) == {"kerple.b"}
     hidden = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kerple.b import x\n")
     assert imported(hidden, modules) == set()
+    scripts = {"tools.demo": Path("tools/demo.py"), "tools.demo_extension": Path("tools/demo_extension.py")}
+    assert imported(ast.parse("def main():\n    import demo_extension\n"), scripts, "tools") == {"tools.demo_extension"}
+    loader = "spec_from_file_location('x', ROOT / 'tools' / 'demo.py')"
+    assert imported(ast.parse(loader), scripts, "tools") == {"tools.demo"}
+
+
+def test_the_tree_as_it_was_had_a_cycle_between_two_scripts() -> None:
+    """tools/demo.py imported demo_extension at the top, which imported demo in its functions."""
+    modules = {"tools.demo": Path("tools/demo.py"), "tools.demo_extension": Path("tools/demo_extension.py")}
+    graph = nx.DiGraph()
+    graph.add_edges_from((name, target) for name, source in (
+        ("tools.demo", "from demo_extension import merge_zero_shot\n"),
+        ("tools.demo_extension", "def main():\n    import demo\n")) for target in imported(ast.parse(source), modules, "tools"))
+    assert any(len(c) > 1 for c in nx.strongly_connected_components(graph))
+
+
+def test_the_whole_tree_is_read() -> None:
+    names = set(module_names())
+    assert {"kerple.jobs.process", "tools.demo", "benchmarks.host_overhead", "train"} <= names
 
 
 def test_no_module_imports_itself_back() -> None:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from kerple.jobs.process import StopRequest
+from kerple.jobs.progress import Progress
 from kerple.reproduce.cli import main
 from kerple.reproduce.errors import ReproduceError
 from kerple.reproduce.lease import (LEASE_SCALES, LeaseOptions, LeasePlan, check_minutes, least_minutes, lease_scale,
@@ -19,10 +21,8 @@ from kerple.reproduce.lease import (LEASE_SCALES, LeaseOptions, LeasePlan, check
 from kerple.reproduce.lease_report import check_output, output_problems
 from kerple.reproduce.lease_run import prepare, run_all, start_state
 from kerple.reproduce.plan import FULL, TINY
-from kerple.reproduce.progress import Progress
 from kerple.reproduce.stages import Context
 from kerple.reproduce.state import State
-from kerple.reproduce.supervise import StopRequest
 
 # Stand-in interpreter: `-m kerple.reproduce.corpus ...` runs the real one; train.py and evaluate.py are faked.
 FAKE = """
@@ -35,8 +35,12 @@ values = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith("-"
 flags = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
 if script == "train.py":
     steps = int(values["train_iters"])
-    for step in range(5, steps + 1, 5):
-        print(f"step {step:>6}/{steps} | loss 1.0 | {1000 if step > 5 else 10:,} tok/s | 10 ms/step", flush=True)
+    Path(values["log_dir"]).mkdir(parents=True, exist_ok=True)
+    for step in range(5, steps + 1, 5):  # what the trainer records; its printed line says otherwise (ignored)
+        print(f"step {step:>6}/{steps} | loss 1.0 | 7 tok/s | 10 ms/step", flush=True)
+        with open(Path(values["log_dir"]) / "metrics.jsonl", "a") as metrics:
+            metrics.write(json.dumps({"step": step, "train/lm_loss": 1.0, "train/tokens_per_s": 1000 if step > 5 else 10,
+                                      "train/step_time_s": 0.01}) + "\\n")
     if values["save"]:
         (Path(values["save"]) / f"global_step{steps}").mkdir(parents=True, exist_ok=True)
         (Path(values["save"]) / "latest").write_text(f"global_step{steps}")
@@ -126,10 +130,10 @@ def test_an_earlier_leases_report_gives_its_measurements(tmp_path: Path) -> None
 
 
 def test_the_probe_reads_the_windows_after_the_first() -> None:
-    lines = ["step      1/40 | loss 9 | 100 tok/s | 900 ms/step", "step     10/40 | loss 8 | 2,000 tok/s",
-             "step     20/40 | loss 7 | 40,000 tok/s", "noise", "step     30/40 | loss 6 | 42,000 tok/s",
-             "step     40/40 | loss 5 | 41,000 tok/s"]
-    assert probe_rate(lines, 10) == 41_000.0 and probe_rate(lines[:2], 10) is None
+    records = [{"step": step, "train/lm_loss": 1.0, "train/tokens_per_s": rate}
+               for step, rate in ((10, 2_000.0), (20, 40_000.0), (30, 42_000.0), (40, 41_000.0))]
+    records.insert(2, {"step": 25, "train/lm_loss": 1.0, "train/tokens_per_s": float("nan")})
+    assert probe_rate(records, 10) == 41_000.0 and probe_rate(records[:1], 10) is None
     assert with_overrides(["a.yml", "save=/x", "lr=1"], {"save": "", "load": ""}) == ["a.yml", "lr=1", "save=", "load="]
 
 

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from kerple.data import preprocess
+from kerple.jobs.process import StopRequest
+from kerple.jobs.progress import Progress
 from kerple.reproduce.cli import finish, run_stages
 from kerple.reproduce.errors import ReproduceError
 from kerple.reproduce.plan import TINY, Corpus, Settings
-from kerple.reproduce.progress import Progress
 from kerple.reproduce.report import Outputs
 from kerple.reproduce.stages import (Context, StageFailed, checkpoint_step, choose_eval_tokens, evaluate, flex_failure,
                                      merge_parts, results_file, train)
 from kerple.reproduce.state import State
-from kerple.reproduce.supervise import StopRequest
 
 # Stand-in interpreter: argv[1] is train.py or evaluate.py, then the run's YAML files and key=value overrides.
 FAKE = """
@@ -37,8 +37,12 @@ if os.environ.get("FAKE_CRASH"):
     sys.exit(1)
 if script == "train.py":
     steps = int(values["train_iters"])
-    for step in range(5, steps + 1, 5):
-        print(f"step {step:>6}/{steps} | loss 1.0 | 1,000 tok/s | 10 ms/step | ETA 0:01", flush=True)
+    Path(values["log_dir"]).mkdir(parents=True, exist_ok=True)
+    for step in range(5, steps + 1, 5):  # the progress comes from metrics.jsonl: the printed 999 ms is not read
+        print(f"step {step:>6}/{steps} | loss 1.0 | 1,000 tok/s | 999 ms/step | ETA 0:01", flush=True)
+        with open(Path(values["log_dir"]) / "metrics.jsonl", "a") as metrics:
+            metrics.write(json.dumps({"step": step, "train/lm_loss": 1.0, "train/tokens_per_s": 1000.0,
+                                      "train/step_time_s": 0.01}) + "\\n")
     (Path(values["save"]) / f"global_step{steps}").mkdir(parents=True, exist_ok=True)
     (Path(values["save"]) / "latest").write_text(f"global_step{steps}")
 else:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.gpu_check.step_fp16 import overflow_scale_power
+from kerple.jobs.gpu_check.step_fp16 import overflow_scale_power
 from tiny_run import single_process_group, tiny_config, train, write_corpus
 
 pytestmark = pytest.mark.gpu

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from benchmarks.gpu_check.context import StepContext, allow_recompiles, model_config
+from kerple.jobs.gpu_check.context import StepContext, allow_recompiles, model_config
 
 NAME = "correctness: FlexAttention vs eager"
 FP32_TOLERANCE = 1e-3
@@ -73,8 +73,8 @@ def _run(model: Any, impl: str, tokens: torch.Tensor, grads: bool) -> dict[str, 
 
 def _errors(result: dict[str, Any], reference: dict[str, Any]) -> list[float | None]:
     """Errors of logits, input-embedding gradient and the worst positional gradient. A positional
-    parameter with a reference gradient and none here counts as an infinite error (issue 29:
-    compiled FlexAttention once left KERPLE's parameters without gradients, silently)."""
+    parameter with a reference gradient and none here counts as an infinite error (compiled
+    FlexAttention once left KERPLE's parameters without gradients, silently)."""
     errors = [_relative(result["logits"], reference["logits"]), _relative(result["input"], reference["input"])]
     positional = [math.inf if key not in result["positional"] else _relative(result["positional"][key], value)
                   for key, value in reference["positional"].items()]

@@ -16,10 +16,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import subprocess
 import sys
+import time
 
-from benchmarks.gpu_check.context import REPO, StepContext
+from kerple.jobs.gpu_check.context import StepContext
+from kerple.jobs.process import run_child
 
 NAME = "pytest -m gpu"
 SUMMARY = re.compile(
@@ -85,11 +86,6 @@ def progress(output: str) -> tuple[int | None, int]:
     return collected, finished
 
 
-def text_of(output: str | bytes | None) -> str:
-    """Captured output as text (``TimeoutExpired`` keeps bytes even with ``text=True``)."""
-    return output.decode(errors="replace") if isinstance(output, bytes) else (output or "")
-
-
 def tail(text: str, lines: int = TAIL_LINES) -> str:
     return "output tail: " + " / ".join(text.splitlines()[-lines:])
 
@@ -100,15 +96,15 @@ def run(ctx: StepContext) -> None:
     env = {**os.environ, "DS_ACCELERATOR": "cuda", "COLUMNS": "400"}
     count = workers()
     ctx.result.notes.append(f"{count} pytest worker(s)")
-    try:
-        done = subprocess.run(command(count), cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=max(ctx.remaining(), 1.0))
-        output, code = done.stdout + done.stderr, done.returncode
-    except subprocess.TimeoutExpired as timeout:
-        output = text_of(timeout.stdout) + text_of(timeout.stderr)
+    lines: list[str] = []
+    budget = max(ctx.remaining(), 1.0)
+    done = run_child(command(count), on_line=lines.append, deadline=time.monotonic() + budget, stop_signal=None,
+                     env=env)
+    output, code = "\n".join(lines), done.returncode
+    if done.killed:  # pytest and its workers: the whole group
         collected, finished = progress(output)
         left = "unknown" if collected is None else str(collected - finished)
-        ctx.result.reason = (f"stopped after {timeout.timeout:.0f} s (the step's budget): {finished} tests finished, "
+        ctx.result.reason = (f"stopped after {budget:.0f} s (the step's budget): {finished} tests finished, "
                              f"{left} left out")
         ctx.result.metrics = {"finished": finished, "collected": collected}
         _report_failures(ctx, output)

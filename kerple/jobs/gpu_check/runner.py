@@ -1,4 +1,9 @@
-"""Runs the GPU check's steps in order and keeps the report current after each one.
+"""``make gpu-check``: runs the GPU check's steps in order and keeps the report current after each one.
+
+    python tools/gpu_check.py                    # every step on the CUDA GPU (refused without one)
+    python tools/gpu_check.py --steps 3,4        # some steps, merged into the existing report
+    python tools/gpu_check.py --device cpu --output /tmp/report   # the harness's own CPU run
+    python tools/gpu_check.py --profile --output out/profile       # where a 162M step's time goes (150 s)
 
 Each step runs in its own Python process by default: a step that crashes, hangs or exhausts the GPU
 cannot take the next ones with it, and every step starts with an empty GPU and compile cache. The
@@ -15,26 +20,25 @@ import hashlib
 import importlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 
-from benchmarks.gpu_check import STEP_MODULES
-from benchmarks.gpu_check import report as reports
-from benchmarks.gpu_check.context import KILL_GRACE_S, REPO, SCALES, Skip, StepContext
-from benchmarks.gpu_check.report import StepResult
 from kerple.errors import entry_point
+from kerple.jobs.gpu_check import STEP_MODULES
+from kerple.jobs.gpu_check import report as reports
+from kerple.jobs.gpu_check.context import KILL_GRACE_S, REPO, SCALES, Skip, StepContext
+from kerple.jobs.gpu_check.report import StepResult
+from kerple.jobs.process import run_child
 
 WORK = Path(tempfile.gettempdir()) / "kerple-gpu-check"  # scratch: never inside the report folder
 SITE = Path(tempfile.gettempdir()) / "kerple-gpu-site"  # distributions installed from .whl/
 
 
 def step_module(number: int):  # type: ignore[no-untyped-def]
-    return importlib.import_module(f"benchmarks.gpu_check.{STEP_MODULES[number]}")
+    return importlib.import_module(f"kerple.jobs.gpu_check.{STEP_MODULES[number]}")
 
 
 def run_step_here(number: int, device: str, scale: str, work: Path, budget: float,
@@ -77,29 +81,16 @@ def run_step_isolated(number: int, args: argparse.Namespace, budget: float) -> S
     """Run step ``number`` in a child process (its own session); kill it past budget + grace."""
     result_file = args.work / f"step{number}.json"
     result_file.unlink(missing_ok=True)
-    command = [sys.executable, str(REPO / "tools" / "gpu_check.py"), "--worker-step", str(number),
-               "--device", args.device, "--scale", args.scale, "--work", str(args.work), "--budget", str(budget),
-               "--output", str(args.output)]
-    started = time.monotonic()
-    child = subprocess.Popen(command, cwd=REPO, start_new_session=True)
-    killed = False
-    try:
-        child.wait(timeout=budget + KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)  # the child's own session: it and what it started
-        child.wait()
-        killed = True
-    except KeyboardInterrupt:  # the child, in its own session, did not get the Ctrl-C: end it too
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
-        raise
+    command = [sys.executable, "-m", "kerple.jobs.gpu_check.runner", "--worker-step", str(number), "--device", args.device,
+               "--scale", args.scale, "--work", args.work, "--budget", budget, "--output", args.output]
+    outcome = run_child(command, deadline=time.monotonic() + budget + KILL_GRACE_S, stop_signal=None)
     try:
         result = StepResult.from_dict(json.loads(result_file.read_text()))
     except (OSError, ValueError):
         result = StepResult(number, step_module(number).NAME, budget_seconds=budget)
-        result.reason = f"the step process exited with {child.returncode} before reporting"
-    result.seconds = time.monotonic() - started
-    if killed:
+        result.reason = f"the step process exited with {outcome.returncode} before reporting"
+    result.seconds = outcome.seconds
+    if outcome.killed:
         result.status = "failed"
         result.reason = (f"killed after {result.seconds:.0f} s (budget {budget:.0f} s + {KILL_GRACE_S:.0f} s); "
                          f"finished cases are listed. {result.reason}").strip()
@@ -170,23 +161,16 @@ def default_work(output: Path) -> Path:
 
 
 def install_wheels(site: Path = SITE) -> list[str]:
-    """Install what this interpreter lacks (or has too old) from ``.whl/`` into ``site``, offline, and
-    put ``site`` first on ``sys.path`` and on the steps' ``PYTHONPATH``. Returns notes for the report.
-    Nothing here stops the check: a step that needs a distribution still missing reports that itself."""
-    sys.path.insert(0, str(REPO / "tools"))
-    import gpu_wheels
-
-    try:
-        installed, absent = gpu_wheels.install(site)
-    except (OSError, subprocess.CalledProcessError) as error:
-        return [f"installing .whl/ into {site} failed: {error}"]
-    if installed or site.is_dir():
-        sys.path.insert(0, str(site))
+    """Install what this interpreter lacks (or has too old) from ``.whl/`` into ``site``, offline
+    (``tools/gpu_wheels.py install``), and put ``site`` first on the steps' ``PYTHONPATH`` (the steps
+    run in child processes; ``--in-process`` runs without it). Returns notes for the report. Nothing
+    here stops the check: a step that needs a distribution still missing reports that itself."""
+    outcome = run_child([sys.executable, REPO / "tools" / "gpu_wheels.py", "install", site], capture=True)
+    if outcome.returncode not in (0, 1):  # 1: some distributions have no wheel, said in its output
+        return [f"installing .whl/ into {site} failed: {outcome.last_line()}"]
+    if site.is_dir():
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
-    notes = [f"installed from .whl/ into {site}: {', '.join(installed)}"] if installed else []
-    if absent:
-        notes.append(f"missing, no wheel in .whl/ ('make gpu-wheels' where PyPI is reachable): {', '.join(absent)}")
-    return notes
+    return [line for line in outcome.tail if line.strip() and not line.endswith("nothing (all present)")]
 
 
 @entry_point("gpu_check.py")
@@ -239,3 +223,7 @@ def run_all(args: argparse.Namespace, steps: list[int]) -> int:
     statuses = {n: report["steps"][str(n)]["status"] for n in steps}
     print(f"gpu check done: {statuses}; wrote {args.output / 'report.md'}", flush=True)
     return 1 if "failed" in statuses.values() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,9 +16,8 @@ from typing import Any, Callable
 
 import torch
 
-from benchmarks.gpu_check.report import StepResult
-
-REPO = Path(__file__).resolve().parents[2]
+from kerple.jobs.gpu_check.report import StepResult
+from kerple.jobs.process import REPO  # noqa: F401  (the steps' checkout)
 KILL_GRACE_S = 30.0
 EMBEDDINGS = ("none", "kerple_log", "kerple_power", "kerple_log3", "kerple_bias_wht", "alibi", "rpe", "rotary",
               "sandwich")
@@ -131,7 +130,7 @@ TINY = Scale(
 
 # ``--quick``: what one short GPU lease must prove, the most valuable first, in at most 540 s (a lease
 # is 15 minutes of device time, machine start included, and 600 s per command). Step 3 in bf16 at the
-# 162M shape (the fix of issue 29: the positional gradients through compiled FlexAttention), then
+# 162M shape (the positional gradients through compiled FlexAttention), then
 # step 4 for the embeddings of the throughput targets, without compile first, then ``none`` and
 # ``kerple_log`` compiled.
 QUICK_EMBEDDINGS = ("none", "kerple_log", "alibi", "rpe", "kerple_bias_wht")

@@ -1,12 +1,16 @@
-"""Child processes under a deadline: asked to stop with SIGTERM, killed when they do not, output kept."""
+"""The one child-process runner: a deadline asks with SIGTERM and kills past the grace, output kept, a failure
+one line, a child's Ctrl-C an interrupt here."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from pathlib import Path
 
-from kerple.reproduce.supervise import StopRequest, run_child
+import pytest
+
+from kerple.jobs.process import ChildFailed, StopRequest, run_child
 
 # A stand-in for train.py: prints a step every 50 ms; on SIGTERM it "saves" and exits 0 (or ignores it).
 CHILD = """
@@ -78,3 +82,42 @@ def test_a_stop_request_reaches_the_child_and_a_second_kills_it(tmp_path: Path) 
 
     outcome, lines, seconds = _run(tmp_path, "ignore", 1000, on_line=two_signals, stop=stop, grace=30)
     assert outcome.killed and outcome.stopped == "signal" and seconds < 10
+
+
+def test_a_failure_is_one_line_ending_with_the_childs_last_line(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    refusal = "import sys; print('x'); print('train.py: error: seq_length 0: expected at least 1'); sys.exit(2)"
+    outcome = run_child([sys.executable, "-c", refusal], capture=True, session=False)
+    with pytest.raises(ChildFailed, match=r"^\[alibi\] train.py exited with status 2: train.py: error: seq_length 0"):
+        outcome.check("[alibi] train.py")
+    assert capsys.readouterr().err == ""  # a refusal says it all
+    crash = "import sys; print('Traceback (most recent call last):'); print('ZeroDivisionError: x'); sys.exit(1)"
+    with pytest.raises(ChildFailed, match="status 1: ZeroDivisionError: x$"):
+        run_child([sys.executable, "-c", crash], capture=True).check("evaluate.py")
+    assert "Traceback" in capsys.readouterr().err  # a crash shows the lines before its last
+    run_child([sys.executable, "-c", "pass"], capture=True).check("fine")
+
+
+def test_a_child_stopped_by_ctrl_c_interrupts_this_process() -> None:
+    outcome = run_child([sys.executable, "-c", "import sys; sys.exit(130)"], capture=True)
+    assert outcome.interrupted
+    with pytest.raises(KeyboardInterrupt):
+        outcome.check("train.py")
+    by_signal = run_child([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGINT)"],
+                          capture=True)
+    assert by_signal.returncode in (130, -signal.SIGINT) and by_signal.interrupted
+
+
+def test_without_a_stop_signal_the_deadline_kills_the_group_and_ticks_run(tmp_path: Path) -> None:
+    """The GPU check's steps: no polite request, killed past budget + grace, the grandchild too."""
+    marker = tmp_path / "grandchild-alive"
+    grandchild = f"import time, pathlib; time.sleep(3); pathlib.Path({str(marker)!r}).write_text('1')"
+    child = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {grandchild!r}]); time.sleep(60)"
+    ticks: list[float] = []
+    started = time.monotonic()
+    outcome = run_child([sys.executable, "-c", child], deadline=started + 1.0, stop_signal=None,
+                        on_tick=lambda: ticks.append(time.monotonic()))
+    assert outcome.killed and outcome.returncode == -9 and outcome.stopped == "deadline"
+    assert time.monotonic() - started < 3 and len(ticks) >= 5
+    time.sleep(3.5)
+    assert not marker.exists()  # its whole process group went

@@ -1,23 +1,55 @@
-"""The progress line of a reproduction: where the training stands, its speed, and the time still needed.
+"""Where a training run stands, read from its ``<log_dir>/metrics.jsonl`` (the trainer's own record,
+:mod:`kerple.training.monitor`), never from the lines it prints.
 
-The remaining time counts the steps left in every run at the current run's step time (read from the
-trainer's own progress lines), plus one evaluation per run not yet evaluated at the mean of the
-evaluations measured so far. Start-up, compilation and checkpoint writing of later chunks are not in
-it, so it is a lower bound for the wall time and a fair estimate for GPU time.
+:class:`MetricsFollower` reads the records a run appends while it trains. :class:`Progress` is the
+reproduction's line: the steps of every run, the speed and the time still needed. The remaining time
+counts the steps left in every run at the current run's step time, plus one evaluation per run not
+yet evaluated at the mean of the evaluations measured so far. Start-up, compilation and checkpoint
+writing of later chunks are not in it, so it is a lower bound for the wall time and a fair estimate
+for GPU time.
 """
 
 from __future__ import annotations
 
+import json
 import math
-import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from kerple.training.monitor import format_duration
 
-STEP_LINE = re.compile(r"step\s+(\d+)/(\d+)")
-TOKENS_PER_S = re.compile(r"([\d,]+) tok/s")
-MS_PER_STEP = re.compile(r"(\d+) ms/step")
+
+class MetricsFollower:
+    """The training records appended to ``path`` after this object was made (a resumed run appends to
+    the file of its earlier chunks; those records are history, not progress)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.offset = self.path.stat().st_size if self.path.is_file() else 0
+        self.records: list[dict[str, Any]] = []
+
+    def poll(self) -> list[dict[str, Any]]:
+        """The training records (``train/...`` keys) written since the last call; a line still being
+        written waits for the next call."""
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return []
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        new = [json.loads(line) for line in complete.decode("utf-8").splitlines() if line.strip()]
+        new = [record for record in new if "train/lm_loss" in record]
+        self.records += new
+        return new
+
+    @property
+    def step(self) -> int | None:
+        """The last step recorded, ``None`` before the first record."""
+        return int(self.records[-1]["step"]) if self.records else None
 
 
 @dataclass
@@ -36,18 +68,16 @@ class Progress:
     every_s: float = 30.0
     _last_print: float = -math.inf
 
-    def observe(self, pos_emb: str, line: str) -> bool:
-        """Read one trainer line of ``pos_emb``; True when it was a step line."""
-        match = STEP_LINE.search(line)
-        if not match:
+    def observe(self, pos_emb: str, records: list[dict[str, Any]]) -> bool:
+        """Take in ``pos_emb``'s new training records (:meth:`MetricsFollower.poll`); True when there were any."""
+        if not records:
             return False
-        self.current = pos_emb
-        self.done[pos_emb] = int(match.group(1))
-        speed, step_time = TOKENS_PER_S.search(line), MS_PER_STEP.search(line)
-        if speed:
-            self.tokens_per_s = float(speed.group(1).replace(",", ""))
-        if step_time:
-            self.seconds_per_step = int(step_time.group(1)) / 1000.0
+        last = records[-1]
+        self.current, self.done[pos_emb] = pos_emb, int(last["step"])
+        if math.isfinite(last.get("train/tokens_per_s", math.nan)):
+            self.tokens_per_s = float(last["train/tokens_per_s"])
+        if "train/step_time_s" in last:
+            self.seconds_per_step = float(last["train/step_time_s"])
         return True
 
     def remaining_seconds(self) -> float | None:

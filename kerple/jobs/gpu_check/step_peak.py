@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.gpu_check.context import StepContext
+from kerple.jobs.gpu_check.context import StepContext
 from benchmarks.train_throughput import measure_peak_flops
 
 NAME = "matmul peak (TFLOP/s)"

@@ -20,8 +20,8 @@ the existing report):
    time goes for ``none`` and ``kerple_log``, eager then compiled: host time, GPU busy fraction,
    operators, launches and synchronizations per step, peak memory, the top CUDA kernels.
 
-Sizes and time budgets: :mod:`benchmarks.gpu_check.context`. Report format:
-:mod:`benchmarks.gpu_check.report`. Driver: :mod:`benchmarks.gpu_check.runner`.
+Sizes and time budgets: :mod:`kerple.jobs.gpu_check.context`. Report format:
+:mod:`kerple.jobs.gpu_check.report`. Driver: :mod:`kerple.jobs.gpu_check.runner`.
 """
 
 STEP_MODULES: dict[int, str] = {

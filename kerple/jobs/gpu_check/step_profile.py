@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu_check.context import REPO, StepContext, allow_recompiles, model_config
+from kerple.jobs.gpu_check.context import REPO, StepContext, allow_recompiles, model_config
 from benchmarks.host_overhead import count_host_work, profiled_steps
 from benchmarks.train_throughput import build_trainer, peak_bytes, release, synchronize, write_random_corpus
 

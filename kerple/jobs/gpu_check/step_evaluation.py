@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from benchmarks.gpu_check.context import REPO, StepContext
+from kerple.jobs.gpu_check.context import REPO, StepContext
 
 NAME = "long-context evaluation: memory and speed"
 TARGET_16K_GIB = 20.0

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from benchmarks.gpu_check.context import StepContext, model_config
+from kerple.jobs.gpu_check.context import StepContext, model_config
 from benchmarks.train_throughput import write_random_corpus
 
 NAME = "fp16 dynamic loss scaling: overflow skipped and counted"

@@ -16,12 +16,12 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_check.context import REPO, StepContext, model_config
+from kerple.jobs.gpu_check.context import REPO, StepContext, model_config
+from kerple.jobs.process import run_child
 
 NAME = "kerple_log training: loss falls, checkpoint, exact resume"
 MIN_DROP = 0.10
@@ -37,9 +37,9 @@ def prepare_data(ctx: StepContext) -> dict[str, Any]:
     command = [sys.executable, str(REPO / "prepare_data.py"), "stdlib", "-d", str(folder), "--train-tokenizer",
                str(scale.train_vocab), "--limit", str(scale.train_documents), "--workers",
                str(max(1, min(8, (os.cpu_count() or 2) - 1))), "--quiet"]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-    if done.returncode != 0:
-        raise RuntimeError(f"prepare_data.py failed ({done.returncode}): {done.stderr.strip()[-400:]}")
+    done = run_child(command, capture=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    if not done.ok:
+        raise RuntimeError(f"prepare_data.py failed ({done.returncode}): {done.last_line()[-400:]}")
     prefix = folder / "stdlib" / "stdlib_text_document"
     info = json.loads(Path(f"{prefix}.info.json").read_text())
     vocab_file = info["tokenizer"]["vocab_file"]

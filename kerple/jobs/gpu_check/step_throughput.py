@@ -18,7 +18,7 @@ table excluded, the LM head included), L layers, h hidden size, s sequence lengt
 term counts the full s x s products although causal kernels skip about half.
 
 Validity: after a kernel's warm-up and timed steps the positional embedding's trainable parameters
-must have changed; a kernel that trains without moving them (issue 29: compiled FlexAttention once
+must have changed; a kernel that trains without moving them (compiled FlexAttention once
 gave KERPLE's parameters no gradient) is marked invalid, left out of the summary, and fails the step.
 
 Targets (CUDA; each best setting against ``none``'s best): ``kerple_log`` at least
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu_check.context import REPO, StepContext, allow_recompiles, model_config
+from kerple.jobs.gpu_check.context import REPO, StepContext, allow_recompiles, model_config
 from benchmarks.train_throughput import (
     build_trainer, flops_per_token, measure_peak_flops, peak_bytes, release, timed_step, write_random_corpus,
 )
@@ -124,7 +124,7 @@ def positional_values(model: Any) -> dict[str, torch.Tensor]:
 
 
 def unchanged(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> list[str]:
-    """Names of the parameters that training left exactly as they were (issue 29: compiled FlexAttention
+    """Names of the parameters that training left exactly as they were (compiled FlexAttention
     once gave KERPLE's parameters no gradient, so they never moved)."""
     return [f"positional.{name}" for name, value in before.items() if torch.equal(value, after[name])]
 
