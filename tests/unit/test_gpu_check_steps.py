@@ -93,7 +93,7 @@ def _fake_run(positional: dict[str, torch.Tensor]) -> dict[str, object]:
 
 
 def test_correctness_fails_a_case_where_flex_loses_a_positional_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 29: eager has a gradient for bias_p and flex none. The case must fail, not pass as 'n/a'."""
+    """Eager has a gradient for bias_p and flex none: the case must fail, not pass as 'n/a'."""
     grads = {"bias_p": torch.ones(4), "bias_a": torch.ones(4)}
     runs = {"eager": _fake_run(grads), "flex": _fake_run({})}
     assert step_correctness.missing_gradients(runs["flex"], runs["eager"]) == ["bias_p", "bias_a"]
