@@ -10,14 +10,14 @@ export HF_HUB_OFFLINE := 1
 export WANDB_MODE ?= offline
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: install test demo demo-extension analysis-demo clean-venv docs gpu-check gpu-reproduce gpu-wheels
+.PHONY: install test test-fast demo demo-extension analysis-demo clean-venv docs gpu-check gpu-reproduce gpu-wheels
 
 install: $(STAMP)
 
 $(STAMP): requirements/base.txt requirements/engine.txt requirements/test.txt requirements/eval.txt requirements/constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade "pip>=24" setuptools wheel
-	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q $(CONSTRAINTS) --upgrade "pip>=24" setuptools wheel
+	$(PIP) install -q $(CONSTRAINTS) torch
 	$(PIP) install -q $(CONSTRAINTS) -r requirements/base.txt -r requirements/test.txt -r requirements/eval.txt
 	$(PIP) install -q $(CONSTRAINTS) --no-build-isolation -r requirements/engine.txt
 	$(PIP) install -q $(CONSTRAINTS) --no-build-isolation --no-deps -e .
@@ -25,6 +25,10 @@ $(STAMP): requirements/base.txt requirements/engine.txt requirements/test.txt re
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -q tests
+
+# the unit tests that start no other process and are not slow (docs/development.md)
+test-fast: $(STAMP)
+	$(PY) -m pytest -n 2 -q -m "not process and not slow" tests/unit
 
 demo: $(STAMP)
 	$(PY) tools/demo.py

@@ -4,7 +4,7 @@
 
 Model: 2 layers, h=128, 4 heads, vocab 512, batch 1, fp32. Each implementation is timed for a
 forward under ``torch.no_grad`` (evaluation) and for forward+backward (a training step without the
-optimizer) where it has a backward on the device (FlexAttention has none on CPU in torch 2.13).
+optimizer) where it has a backward on the device (FlexAttention has none on CPU).
 flex is compiled once per length during the warm-up. Prints the median of ``--repeats`` runs.
 """
 

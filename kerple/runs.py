@@ -134,7 +134,7 @@ def load_run(
     """Build ``cfg``'s model (its family's builder) and load the run's weights into it.
 
     ``load`` defaults to the config's ``load``, then ``save``. The model is in eval mode on ``device``.
-    The run-time options the config does not set (``rope_scaling``) take the checkpoint's recorded
+    The run-time options the config does not set take the checkpoint's recorded
     values first (:func:`kerple.checkpoint.runtime_options.use_recorded`); ``cfg`` then holds them.
     """
     from kerple.checkpoint.runtime_options import USE, read_recorded, runtime_summary, use_recorded

@@ -1,6 +1,10 @@
-"""Test-wide environment: offline hubs, CPU DeepSpeed, Triton's interpreter without a GPU, and the `gpu` marker."""
+"""Test-wide environment: offline hubs, CPU DeepSpeed, Triton's interpreter without a GPU, the `gpu`
+marker, and the `process` marker that `make test-fast` leaves out."""
 
+import inspect
 import os
+import re
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -17,8 +21,40 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+TESTS = Path(__file__).resolve().parent
+STARTS_A_PROCESS = re.compile(r"\bsubprocess\b|\bPopen\b|\bmultiprocessing\b|sys\.executable|ProcessPoolExecutor|\bmp\.spawn\b")
+"""What a test (or a helper of the tests it calls) writes to start another process."""
+
+
+def _names_a_process(function: object, depth: int = 3) -> bool:
+    """Whether ``function``'s source, or that of a function of the test tree it calls (``depth``
+    levels down), starts another process (:data:`STARTS_A_PROCESS`)."""
+    try:
+        source = inspect.getsource(function)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return False
+    if STARTS_A_PROCESS.search(source):
+        return True
+    module = inspect.getmodule(function)
+    code = getattr(function, "__code__", None)
+    if depth == 0 or module is None or code is None:
+        return False
+    for name in code.co_names:
+        helper = inspect.unwrap(getattr(module, name, None))  # through functools.lru_cache and the like
+        path = inspect.getsourcefile(helper) if inspect.isfunction(helper) else None
+        if path and Path(path).resolve().is_relative_to(TESTS) and helper is not function:
+            if _names_a_process(helper, depth - 1):
+                return True
+    return False
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip tests marked ``gpu`` when no CUDA device is present."""
+    """Mark ``process`` the tests that start another process (read from their source, or marked by
+    hand where the process starts inside kerple); skip tests marked ``gpu`` when no CUDA device is present."""
+    for item in items:
+        function = getattr(item, "function", None)
+        if function is not None and "process" not in item.keywords and _names_a_process(function):
+            item.add_marker(pytest.mark.process)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -26,9 +26,9 @@ repeated here.
 ``--grid extension`` writes the comparison with RoPE context extension (docs/context-extension.md):
 the rotary, KERPLE-log and ALiBi runs of the paper's grid, then, from each finished run, a
 fine-tuning at four times its length for 400 steps (``finetune: true``, the same tokens per step):
-rotary with Position Interpolation (``rope_scaling`` linear, factor 4) and with YaRN (factor 4),
-and rotary, KERPLE-log and ALiBi without scaling, given the same steps at the same length. The
-zero-shot columns need no training: ``evaluate.py ... rope_scaling=...`` on the rotary run.
+rotary with Position Interpolation (linear, factor 4) and with YaRN (factor 4), and rotary,
+KERPLE-log and ALiBi without scaling, given the same steps at the same length. The zero-shot
+columns need no training: ``evaluate.py`` on the rotary run with the scaling as an override.
 """
 
 from __future__ import annotations
@@ -102,9 +102,9 @@ def finetune_config(name: str, base: str, rope_type: str | None, length: int, ru
         "lr-decay-iters": EXTENSION_STEPS, "lr": EXTENSION_LR,
     }
     if rope_type is not None:
-        keys["rope_scaling"] = {"rope_type": rope_type, "factor": float(EXTENSION_FACTOR)}
-        if rope_type == "yarn":
-            keys["rope_scaling"]["original_max_position_embeddings"] = length
+        from kerple.positional.rotary import extension_options
+
+        keys.update(extension_options(rope_type, EXTENSION_FACTOR, length))
     root = f"{runs_dir}/{name}"
     return {**keys, "save": f"{root}/checkpoints", "log-dir": f"{root}/logs", "tensorboard-dir": f"{root}/tensorboard"}
 

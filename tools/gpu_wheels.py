@@ -6,7 +6,7 @@
     python tools/gpu_wheels.py missing           # there: the distributions this interpreter lacks or has too old
     python tools/gpu_wheels.py install DIR       # there: install just those from .whl/ into DIR (offline)
 
-Target: CPython 3.12 on manylinux x86_64 with PyTorch 2.11 and CUDA, the packages of
+Target: CPython 3.12 on manylinux x86_64 with the GPU image's PyTorch and CUDA (docs/development.md, Versions), the packages of
 ``IMAGE_PACKAGES`` installed, no network. The set is resolved from ``ROOTS`` (DeepSpeed, built here
 as a pure-Python wheel because it is published as a source archive only, and megatron-core): each
 wheel's ``Requires-Dist`` (markers evaluated for the target, extras ignored) adds every requirement
@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO))  # the GPU image's python3 runs this file without 
 
 from kerple.errors import KerpleError, UsageError, entry_point  # noqa: E402  (the standard library only)
 WHEELS = REPO / ".whl"
+CONSTRAINTS = ("-c", str(REPO / "requirements/constraints.txt"))  # every pip call: nothing may replace torch
 PYTHON_VERSION = "3.12"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64", "any")
@@ -107,10 +108,9 @@ def fetch(name: str, version: str, folder: Path) -> Path:
     before = set(folder.glob("*.whl"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
     if canonicalize_name(name) in BUILT_HERE:
-        command = [*pip, "wheel", "--no-deps", "--no-build-isolation", "-c", str(REPO / "requirements/constraints.txt"),
-                   "-w", str(folder), f"{name}=={version}"]
+        command = [*pip, "wheel", "--no-deps", "--no-build-isolation", *CONSTRAINTS, "-w", str(folder), f"{name}=={version}"]
     else:
-        command = [*pip, "download", "--no-deps", "--only-binary=:all:", "--python-version", PYTHON_VERSION,
+        command = [*pip, "download", *CONSTRAINTS, "--no-deps", "--only-binary=:all:", "--python-version", PYTHON_VERSION,
                    "--implementation", "cp", "--abi", "cp312", "--abi", "abi3", "--abi", "none", "-d", str(folder)]
         command += [arg for platform in PLATFORMS for arg in ("--platform", platform)] + [f"{name}=={version}"]
     done = subprocess.run(command, capture_output=True, text=True)
@@ -176,7 +176,7 @@ def verify(folder: Path = WHEELS) -> list[str]:
 def _dry_run(folder: Path, names: list[str]) -> list[str]:
     """``pip install --dry-run`` of every wheel for the target platform, from the folder alone."""
     with tempfile.TemporaryDirectory() as target:
-        command = [sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "--dry-run", "--no-index",
+        command = [sys.executable, "-m", "pip", "--disable-pip-version-check", "install", *CONSTRAINTS, "--dry-run", "--no-index",
                    "--no-deps", "--find-links", str(folder), "--only-binary=:all:", "--python-version", PYTHON_VERSION,
                    "--implementation", "cp", "--abi", "cp312", "--target", target]
         command += [arg for platform in PLATFORMS for arg in ("--platform", platform)] + [str(n) for n in names]
@@ -209,7 +209,7 @@ def install(site: Path, folder: Path = WHEELS) -> tuple[list[str], list[str]]:
     needed = missing(folder)
     files = [w for w in sorted(folder.glob("*.whl")) if canonicalize_name(parse_wheel_filename(w.name)[0]) in needed]
     if files:
-        command = [sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "-q", "--no-index",
+        command = [sys.executable, "-m", "pip", "--disable-pip-version-check", "install", *CONSTRAINTS, "-q", "--no-index",
                    "--no-deps", "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, files)]
         subprocess.run(command, check=True)
     installed = [canonicalize_name(parse_wheel_filename(w.name)[0]) for w in files]

@@ -160,7 +160,7 @@ def _same(value: Any, want: Any) -> bool:
 
 def check_architecture(arch: dict[str, Any], cfg: Any, source: str | Path, *, model_parallel_size: int = 1) -> None:
     """Raise :class:`ArchitectureMismatchError` naming every field where ``arch`` and ``cfg`` differ
-    (the positional options of how a model is run, such as ``rope_scaling``, may differ).
+    (the run-time options, :func:`kerple.positional.runtime_option_names`, may differ).
 
     ``arch`` comes from :func:`state_architecture` or :func:`checkpoint_architecture`;
     ``model_parallel_size`` (of the checkpoint) explains a padded-vocabulary mismatch.

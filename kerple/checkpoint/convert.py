@@ -133,7 +133,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 def conversion_config(words: list[str], source_config: dict[str, Any]) -> Any:
     """The config of a conversion: ``--config``'s YAML files and overrides when it names a file; else the
     source's own config (:func:`config_from_checkpoint`, a Hugging Face folder's) with its overrides on top
-    (``--config 'rope_scaling={...}'`` exports a run with a run-time option it was not trained with)."""
+    (``--config`` may set a run-time option the run was not trained with)."""
     from kerple.config import load_config, parse_overrides, split_arguments
     from kerple.config.neox_keys import normalize_key
 

@@ -3,7 +3,7 @@
 Which class an export loads in (see docs/interop.md):
 
 * ``gpt_neox`` - :class:`transformers.GPTNeoXForCausalLM`, for ``rotary`` (``rotary_pct``,
-  ``rotary_emb_base``, ``rope_scaling``: written into ``rope_parameters`` and as ``rope_scaling``) and
+  ``rotary_emb_base`` and its run-time options: :func:`kerple.positional.rotary.gpt_neox_config`) and
   ``none`` (NoPE = rotary with ``partial_rotary_factor`` 0), LayerNorm, exact GELU, either residual
   form (``use_parallel_residual`` = ``gpt_j_residual``). The fused QKV of HF GPTNeoX is laid out per
   head exactly as GPT-NeoX's, so tensors are renamed, not permuted.
@@ -38,7 +38,7 @@ import torch
 from kerple.checkpoint.errors import CheckpointError
 from kerple.checkpoint.hf_kerple import export_note, kerple_config, write_remote_code
 from kerple.checkpoint.neox_layout import positional_module_key
-from kerple.positional.rope_scaling import KERPLE_KEYS, NO_SCALING, rope_parameters, transformers_max_positions
+from kerple.positional.rotary import from_gpt_neox_config, gpt_neox_config
 
 LAYER_KEYS: tuple[str, ...] = (
     "input_layernorm.weight",
@@ -95,8 +95,6 @@ def _architecture(config: dict[str, Any]) -> dict[str, Any]:
         "layernorm_epsilon": float(config.get("layernorm_epsilon", 1e-5)),
         "max_positions": int(config.get("max_position_embeddings") or seq_length),
         "rotary_pct": float(config.get("rotary_pct", 1.0)),
-        "rotary_emb_base": float(config.get("rotary_emb_base", 10000.0)),
-        "rope_scaling": config.get("rope_scaling"),
         "attention_window": config.get("attention_window"),
     }
 
@@ -197,9 +195,6 @@ def _hf_config(target: str, config: dict[str, Any], state: dict[str, torch.Tenso
     if target == "kerple":
         return kerple_config(config, state, common)
     rotary_pct = 0.0 if arch["pos_emb"] == "none" else arch["rotary_pct"]
-    rope = rope_parameters(arch["rope_scaling"], rotary_pct=rotary_pct, base=arch["rotary_emb_base"])
-    scaling = {key: value for key, value in rope.items() if key not in KERPLE_KEYS}
-    scaling = {"rope_scaling": scaling} if arch["rope_scaling"] else {}  # the key transformers 4 reads
     return {
         "architectures": ["GPTNeoXForCausalLM"],
         "model_type": "gpt_neox",
@@ -208,17 +203,12 @@ def _hf_config(target: str, config: dict[str, Any], state: dict[str, torch.Tenso
         "num_attention_heads": arch["num_attention_heads"],
         "intermediate_size": 4 * arch["hidden_size"],
         "hidden_act": "gelu",
-        # transformers reads it as the extended length for the types that name the original one
-        "max_position_embeddings": transformers_max_positions(arch["rope_scaling"], arch["max_positions"]),
         "layer_norm_eps": arch["layernorm_epsilon"],
         "use_parallel_residual": arch["gpt_j_residual"],
         "attention_bias": True,
         "hidden_dropout": 0.0,
         "attention_dropout": 0.0,
-        "rotary_pct": rotary_pct,
-        "rotary_emb_base": arch["rotary_emb_base"],
-        "rope_parameters": rope,
-        **scaling,
+        **gpt_neox_config(config, rotary_pct=rotary_pct, max_positions=arch["max_positions"]),
         **common,
     }
 
@@ -361,10 +351,6 @@ def _config_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
             "no_weight_tying": not hf.get("tie_word_embeddings", True),
             "gpt_j_residual": False,
         }
-    rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
-    pct = float(rope.get("partial_rotary_factor", hf.get("rotary_pct", 1.0)))
-    scaling = {key: value for key, value in rope.items() if key not in KERPLE_KEYS}
-    scaling["rope_type"] = scaling.pop("type", scaling.get("rope_type", NO_SCALING))
     return {
         "num_layers": int(hf["num_hidden_layers"]),
         "hidden_size": int(hf["hidden_size"]),
@@ -372,10 +358,7 @@ def _config_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
         "vocab_size": int(hf["vocab_size"]),
         "make_vocab_size_divisible_by": 1,
         "seq_length": int(hf.get("max_position_embeddings", 2048)),
-        "pos_emb": "none" if pct == 0.0 else "rotary",
-        "rotary_pct": pct if pct > 0 else 1.0,
-        "rotary_emb_base": float(rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0))),
-        "rope_scaling": None if scaling["rope_type"] == NO_SCALING else scaling,
+        **from_gpt_neox_config(hf),
         "layernorm_epsilon": float(hf.get("layer_norm_eps", 1e-5)),
         "gpt_j_residual": bool(hf.get("use_parallel_residual", True)),
         "no_weight_tying": not hf.get("tie_word_embeddings", False),

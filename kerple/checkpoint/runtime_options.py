@@ -1,8 +1,8 @@
 """The run-time options a checkpoint records, and how the commands that load it use them.
 
 A run-time option says how a trained model is run, not what its weights mean: every positional
-option declared with ``weights_bound=False`` (:func:`kerple.positional.runtime_option_names`:
-``rope_scaling``), ``attention_window`` (:data:`ATTENTION_OPTIONS`), and ``finetune`` (the weights
+option declared with ``weights_bound=False`` (:func:`kerple.positional.runtime_option_names`),
+``attention_window`` (:data:`ATTENTION_OPTIONS`), and ``finetune`` (the weights
 came from another run, the step count started over). The checkpoint's ``args`` record them
 (:func:`kerple.checkpoint.architecture.architecture_args`: ``positional_options``,
 ``attention_window``, ``finetuned_from``; a record written before a key existed leaves that option
@@ -48,7 +48,7 @@ weights are the same (thesis §4.3.3)."""
 
 
 def runtime_idents() -> dict[str, str]:
-    """Every run-time option's name and its config field (``positional.rope_scaling``, ...)."""
+    """Every run-time option's name and its config field (``positional.<name>``, ``attention.<name>``)."""
     from kerple import positional
 
     return {**{name: f"positional.{name}" for name in positional.runtime_option_names()},
@@ -139,7 +139,7 @@ def use_recorded(cfg: Any, recorded: Recorded | None, *, mode: str) -> list[str]
     for name, value in recorded.options.items():
         ident = idents[name]
         configured = _value(cfg, ident)
-        if _meaning(configured) == _meaning(value):
+        if _meaning(name, configured) == _meaning(name, value):
             continue
         source, written = cfg.provenance(ident)
         if source == DEFAULT and mode != NEW_RUN:
@@ -154,11 +154,12 @@ def use_recorded(cfg: Any, recorded: Recorded | None, *, mode: str) -> list[str]
     return notes
 
 
-def _meaning(value: Any) -> Any:
-    """``value`` with the spelled-out absence of an option as ``None`` (``{rope_type: default}``)."""
-    from kerple.positional.rope_scaling import NO_SCALING
+def _meaning(name: str, value: Any) -> Any:
+    """``value`` of the run-time option ``name``, with a spelled-out absence as ``None``
+    (:func:`kerple.positional.unset_value`)."""
+    from kerple import positional
 
-    return None if isinstance(value, dict) and value == {"rope_type": NO_SCALING} else value
+    return positional.unset_value(name, value) if name in positional.runtime_option_names() else value
 
 
 def _adopt(cfg: Any, name: str, value: Any, where: str) -> None:
@@ -169,10 +170,10 @@ def _adopt(cfg: Any, name: str, value: Any, where: str) -> None:
     ident = runtime_idents()[name]
     section, field = ident.split(".")
     if section == "positional":
-        problem = positional.options_problem(
-            cfg.positional.pos_emb, {**cfg.positional.options(), name: value}, head_dim=cfg.model.head_dim,
-            max_positions=cfg.model.max_position_embeddings,
-        )
+        from kerple.config.validate import model_shape
+
+        problem = positional.options_problem(cfg.positional.pos_emb, {**cfg.positional.options(), name: value},
+                                             model_shape(cfg))
         if problem is not None:
             raise ConfigError(f"the value {show(value)} that {where} records does not fit this config: {problem[1]}; "
                               "set the key", file=where, key=problem[0])
@@ -181,7 +182,7 @@ def _adopt(cfg: Any, name: str, value: Any, where: str) -> None:
 
 
 def runtime_summary(cfg: Any) -> str:
-    """``rope_scaling {...} (where from)``, for each run-time option the config's ``pos_emb`` takes and
+    """``<option> <value> (where from)``, for each run-time option the config's ``pos_emb`` takes and
     each other one that is set."""
     from kerple import positional
 

@@ -18,6 +18,7 @@ from kerple.config.messages import described, fail, positional_family
 from kerple.config.neox_keys import FIELDS
 from kerple.model import families
 from kerple.model.attention import unsupported_reason
+from kerple.positional.base import ModelShape
 
 if TYPE_CHECKING:
     from kerple.config.config import Config
@@ -27,6 +28,15 @@ OPTIMIZER_TYPES = ("adam", "adamw")
 
 _BF16_NAMES = ("bf16", "bfloat16")
 _FP16_NAMES = ("fp16", "float16")
+
+
+def model_shape(cfg: Config) -> ModelShape:
+    """The :class:`~kerple.positional.ModelShape` of ``cfg``'s model, whole (no tensor-parallel slice)."""
+    model = cfg.model
+    return ModelShape(
+        num_heads=model.num_attention_heads, head_dim=model.head_dim, hidden_size=model.hidden_size,
+        max_positions=model.max_position_embeddings, num_layers=model.num_layers,
+    )
 
 
 def device_type() -> str:
@@ -229,10 +239,7 @@ def _positional(cfg: Config) -> None:
             "model.seq_length",
             "model.max_position_embeddings",
         )
-    problem = positional_registry.options_problem(
-        cfg.positional.pos_emb, cfg.positional.options(), head_dim=cfg.model.head_dim,
-        max_positions=cfg.model.max_position_embeddings,
-    )
+    problem = positional_registry.options_problem(cfg.positional.pos_emb, cfg.positional.options(), model_shape(cfg))
     if problem is not None:
         option, message = problem
         raise fail(cfg, message, f"positional.{option}")

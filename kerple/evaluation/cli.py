@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kerple import positional
 from kerple.atomic import write_json_atomic as _write_json_atomic
 from kerple.config import split_arguments
 from kerple.errors import INTERRUPTED_STATUS, entry_point
@@ -175,7 +176,7 @@ def results_document(
         "format": RESULTS_FORMAT,
         "run": {
             "pos_emb": cfg.positional.pos_emb,
-            "rope_scaling": cfg.positional.rope_scaling,
+            **{name: getattr(cfg.positional, name) for name in positional.runtime_option_names()},
             "dataset": dataset_name(cfg),
             "seed": cfg.training.seed,
             "train_seq_length": cfg.model.seq_length,

@@ -40,15 +40,6 @@ DISPLAY_NAMES = {
     "learned": "Learned",
     "none": "NoPE",
 }
-# RoPE context extension (``rope_scaling.rope_type``), shown after the embedding: "Rotary + YaRN"
-ROPE_TYPE_NAMES = {
-    "linear": "PI",
-    "dynamic": "dynamic NTK",
-    "yarn": "YaRN",
-    "llama3": "Llama 3",
-    "longrope": "LongRoPE",
-    "proportional": "proportional",
-}
 
 
 @dataclass(frozen=True)
@@ -56,7 +47,7 @@ class RunResult:
     """One ``results.json`` written by ``evaluate.py``: one model (embedding, dataset, seed)."""
 
     path: str
-    variant: str  # pos_emb, then "+<rope_type>" with rope_scaling, "-windowed@W" with an attention window
+    variant: str  # pos_emb, then "+<tag>" per run-time positional option set, "-windowed@W" with an attention window
     dataset: str
     seed: int | None
     train_length: int | None
@@ -75,10 +66,9 @@ def load_run(path: str | Path) -> RunResult:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # ValueError: not JSON, not UTF-8
         reason = f"no key {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0][:120]
         raise EvaluationError(f"{path}: not an evaluate.py results file ({reason})") from exc
-    variant = str(run["pos_emb"])
-    rope_type = (run.get("rope_scaling") or {}).get("rope_type", "default")
-    if rope_type != "default":
-        variant += f"+{rope_type}"
+    from kerple.positional import variant_tags
+
+    variant = "+".join((str(run["pos_emb"]), *variant_tags(run)))
     if protocol.get("attention_window"):
         variant += f"-windowed@{protocol['attention_window']}"
     return RunResult(
@@ -141,12 +131,15 @@ class Table:
     cells: dict[tuple[int, str], Cell]
 
 
-def _variant_order(variant: str) -> tuple[int, int, str]:
-    """Table 3's order; an embedding's ``rope_scaling`` variants right after it, in ``ROPE_TYPE_NAMES``' order."""
-    base, _, rope_type = variant.split("-windowed@")[0].partition("+")
-    order, rope_order = list(DISPLAY_NAMES), ["", *ROPE_TYPE_NAMES]
-    rope_rank = rope_order.index(rope_type) if rope_type in rope_order else len(rope_order)
-    return (order.index(base) if base in order else len(order), rope_rank, variant)
+def _variant_order(variant: str) -> tuple[int, tuple[int, ...], str]:
+    """Table 3's order; an embedding's run-time variants right after it, in the order of
+    :func:`kerple.positional.variant_names`."""
+    from kerple.positional import variant_names
+
+    base, *tags = variant.split("-windowed@")[0].split("+")
+    order, tag_order = list(DISPLAY_NAMES), ["", *variant_names()]
+    tag_rank = tuple(tag_order.index(tag) if tag in tag_order else len(tag_order) for tag in tags or [""])
+    return (order.index(base) if base in order else len(order), tag_rank, variant)
 
 
 def build_tables(runs: Sequence[RunResult], reference: str, alpha: float = ALPHA) -> list[Table]:
@@ -191,11 +184,12 @@ def format_mean_std(mean: float, std: float) -> str:
 
 
 def display_name(variant: str) -> str:
+    from kerple.positional import variant_names
+
     base, _, window = variant.partition("-windowed@")
-    base, _, rope_type = base.partition("+")
-    name = DISPLAY_NAMES.get(base, base)
-    if rope_type:
-        name += f" + {ROPE_TYPE_NAMES.get(rope_type, rope_type)}"
+    base, *tags = base.split("+")
+    shown = variant_names()
+    name = " + ".join((DISPLAY_NAMES.get(base, base), *(shown.get(tag, tag) for tag in tags)))
     return f"{name} windowed@{window}" if window else name
 
 

@@ -125,7 +125,7 @@ def _limitation(impl: str, kind: PositionKind, device_type: str, training: bool)
         return ("a weight kernel multiplies the attention logits (scores * logit_scale + bias), which "
                 "scaled_dot_product_attention cannot express as an additive mask")
     if impl == "flex" and training and device_type == "cpu":
-        return "FlexAttention has no backward on CPU in torch 2.13 (it serves evaluation there)"
+        return "FlexAttention has no backward on CPU (it serves evaluation there)"
     return None
 
 

@@ -5,7 +5,7 @@ per-head tensors (KERPLE paper §3-4: every term here depends on ``d = i - j`` a
 head), or a gather ``table[h, d]`` from the ``[H, L]`` distance tables in the compute dtype. Either
 way no ``[H, L, L]`` tensor exists (O(H·L) memory at 16k-64k tokens). Gradients reach the captured
 tensors (and through them the learnable parameters) where FlexAttention has a backward (CUDA); on
-CPU in torch 2.13 it is forward only. Compilation, kernel options and their fallback ladder:
+CPU in the project's torch (docs/development.md, Versions) it is forward only. Compilation, kernel options and their fallback ladder:
 :mod:`kerple.model.flex_base`.
 
 Masking (causal, and the attention window of thesis §4.3.3) goes into a ``BlockMask`` so fully
@@ -134,7 +134,7 @@ class FlexAttentionKernel(FlexKernel):
         pass.
 
         Compiled on a CPU, queries and keys are padded with zeros to whole blocks of
-        :data:`BLOCK_SIZE` and the output cut back: Inductor's CPU FlexAttention kernel (torch 2.13)
+        :data:`BLOCK_SIZE` and the output cut back: Inductor's CPU FlexAttention kernel (the project's torch)
         returned wrong values, NaN at times, for lengths that are not whole blocks on an AVX2 CPU
         (AMD EPYC, 2026-11-27: 40 tokens wrong in 2 of 3 runs, 40 padded to 128 right in 4 of 4). The
         padded keys come after every real query, so the causal mask hides them; padded query rows are

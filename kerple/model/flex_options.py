@@ -4,7 +4,7 @@ FlexAttention compiles one Triton kernel for the forward and one for the backwar
 the first ``.backward()``), with tile sizes, pipeline stages and warps that ``kernel_options``
 may set (``fwd_``/``bwd_`` prefixed; docs/flex-attention.md §2 lists what was checked in
 PyTorch's source). A tile too large for the device's shared memory fails to compile ("out of
-resource"), and PyTorch 2.11 has no retry: this module picks options from the device and the
+resource"), and the GPU image's PyTorch (docs/development.md, Versions) has no retry: this module picks options from the device and the
 score modification, and describes the smaller rungs that :class:`OptionsLadder` walks down.
 
 * :func:`default_forward` / :func:`default_backward`: PyTorch's own defaults for the device class,

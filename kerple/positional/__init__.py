@@ -11,12 +11,11 @@ through ``_ALIASES``.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Any
 
 from kerple.positional.absolute import LearnedPositionalEmbedding, NoPositionalEmbedding, SinusoidalPositionalEmbedding
 from kerple.positional.alibi import AlibiBias
-from kerple.positional.base import PositionalEmbedding, PositionKind
+from kerple.positional.base import ModelShape, PositionalEmbedding, PositionKind
 from kerple.positional.cable import Cable
 from kerple.positional.fire import Fire
 from kerple.positional.gaussian import GaussBias2, GaussBias3, GaussWeight1, GaussWeight2
@@ -131,23 +130,65 @@ def runtime_option_names() -> tuple[str, ...]:
     return tuple(spec.name for spec in option_specs() if not spec.weights_bound)
 
 
-def options_problem(
-    name: str, options: dict[str, Any], *, head_dim: int, max_positions: int
-) -> tuple[str, str] | None:
+def unset_value(name: str, value: Any) -> Any:
+    """``value`` of the run-time option ``name``, or ``None`` where it spells out the option's absence
+    (``Variant.unset``): two values that mean the same compare equal after this."""
+    variant = _runtime_spec(name).variant
+    return None if variant is not None and value in variant.unset else value
+
+
+def variant_tags(options: dict[str, Any]) -> tuple[str, ...]:
+    """The tags of the run-time options that ``options`` (a config's, or a ``results.json`` run) sets to
+    something other than unset, in registry order: the part of a run's variant name after its ``pos_emb``."""
+    tags = []
+    for name in runtime_option_names():
+        variant = _runtime_spec(name).variant
+        value = unset_value(name, options.get(name))
+        tag = variant.tag(value) if variant is not None and value is not None else None
+        if tag is not None:
+            tags.append(tag)
+    return tuple(tags)
+
+
+def variant_names() -> dict[str, str]:
+    """Every run-time option's variant tag -> the name shown in tables, in the order tables list them."""
+    return {tag: shown for name in runtime_option_names() if (variant := _runtime_spec(name).variant)
+            for tag, shown in variant.names.items()}
+
+
+def _runtime_spec(name: str) -> OptionSpec:
+    return next(spec for spec in option_specs() if spec.name == name and not spec.weights_bound)
+
+
+def options_problem(name: str, options: dict[str, Any], shape: ModelShape) -> tuple[str, str] | None:
     """``(option, what is wrong)`` for the options of a config whose ``pos_emb`` is ``name``, or ``None``.
 
-    An option declared with ``refuse_elsewhere`` and set here must be one the family declares:
-    ``rope_scaling`` on a KERPLE model would otherwise be ignored without a word. Then the family's
-    own :meth:`~PositionalEmbedding.options_problem` checks the values against the model's shape.
+    ``options`` are the config's, by name (``None`` where unset). An option declared with
+    ``refuse_elsewhere`` and set here must be one the family declares: ``rope_scaling`` on a KERPLE
+    model would otherwise be ignored without a word. Then the family's own
+    :meth:`~PositionalEmbedding.options_problem` checks its options, as the constructor would take
+    them (:func:`family_options`), against the model's ``shape``.
     """
     cls = family(name)
-    declared = {field.name for field in dataclasses.fields(cls.options_class)} if cls.options_class else set()
+    declared = _declared(cls)
     for spec in option_specs():
         if spec.refuse_elsewhere and options.get(spec.name) not in (None, spec.default) and spec.name not in declared:
-            takers = ", ".join(n for n, c in _REGISTRY.items() if c.options_class and spec.name in
-                               {f.name for f in dataclasses.fields(c.options_class)})
+            takers = ", ".join(n for n, c in _REGISTRY.items() if spec.name in _declared(c))
             return spec.name, f"is an option of {takers}; pos_emb {canonical(name)!r} does not take it, remove it"
-    return cls.options_problem(options, head_dim=head_dim, max_positions=max_positions)
+    if cls.options_class is None:
+        return None
+    return cls.options_problem(family_options(cls, options), shape)
+
+
+def _declared(cls: type[PositionalEmbedding]) -> set[str]:
+    return {field.name for field in dataclasses.fields(cls.options_class)} if cls.options_class else set()
+
+
+def family_options(cls: type[PositionalEmbedding], options: dict[str, Any]) -> Any:
+    """The instance of ``cls.options_class`` holding the values of ``options`` it declares (``None``
+    values left at their defaults): what :func:`build` gives the constructor."""
+    declared = _declared(cls)
+    return cls.options_class(**{key: value for key, value in options.items() if key in declared and value is not None})
 
 
 def build(
@@ -162,34 +203,28 @@ def build(
     num_layers: int = 1,
     **options: Any,
 ) -> PositionalEmbedding:
-    """Build the embedding ``name``; its family receives the ``options`` its ``options_class`` declares.
+    """Build the embedding ``name`` for the :class:`ModelShape` these keywords give; its family receives
+    the ``options`` its ``options_class`` declares.
 
     Names outside :func:`option_names` raise ``TypeError`` (typos must not pass silently); options
     of other families, and options set to ``None``, are ignored, so callers can pass every option
     of the config (``cfg.positional.options()``) unconditionally. ``head_offset`` and
-    ``total_heads`` are not options: they give a tensor-parallel rank its slice of the heads and
-    reach the families whose values depend on the global head index (those whose constructor
-    takes them; :func:`kerple.positional.base.global_head_indices`). ``num_layers``, the model's
-    layer count, reaches the families with per-layer parameters (``cable``) likewise.
+    ``total_heads`` are not options: they give a tensor-parallel rank its slice of the heads
+    (:func:`kerple.positional.base.global_head_indices`); ``num_layers`` is the model's layer count.
     """
     unknown = sorted(set(options) - set(option_names()))
     if unknown:
         raise TypeError(f"unknown positional option(s) {unknown}; known: {sorted(option_names())}")
     cls = family(name)
-    arguments: dict[str, Any] = {}
-    if cls.options_class is not None:
-        declared = {field.name for field in dataclasses.fields(cls.options_class)}
-        given = {key: value for key, value in options.items() if key in declared and value is not None}
-        arguments["options"] = cls.options_class(**given)
-    parameters = inspect.signature(cls.__init__).parameters
-    if "head_offset" in parameters:
-        arguments.update(head_offset=head_offset, total_heads=total_heads)
-    if "num_layers" in parameters:
-        arguments["num_layers"] = num_layers
-    return cls(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions, **arguments)
+    shape = ModelShape(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions,
+                       num_layers=num_layers, head_offset=head_offset, total_heads=total_heads)
+    if cls.options_class is None:
+        return cls(shape)
+    return cls(shape, family_options(cls, options))  # type: ignore[call-arg]
 
 
 __all__ = [
+    "ModelShape",
     "OptionSpec",
     "PositionKind",
     "PositionalEmbedding",
@@ -197,9 +232,13 @@ __all__ = [
     "build",
     "canonical",
     "family",
+    "family_options",
     "names",
     "option_names",
     "option_specs",
     "options_problem",
     "runtime_option_names",
+    "unset_value",
+    "variant_names",
+    "variant_tags",
 ]

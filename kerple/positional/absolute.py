@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kerple.positional.base import PositionalEmbedding, PositionKind
+from kerple.positional.base import ModelShape, PositionalEmbedding, PositionKind
 
 
 class NoPositionalEmbedding(PositionalEmbedding):
@@ -53,9 +53,9 @@ class LearnedPositionalEmbedding(PositionalEmbedding):
     learnable = True
     keep_fp32 = False
 
-    def __init__(self, *, num_heads: int, head_dim: int, hidden_size: int, max_positions: int) -> None:
-        super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
-        self.position_embeddings = nn.Embedding(max_positions, hidden_size)
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__(shape)
+        self.position_embeddings = nn.Embedding(shape.max_positions, shape.hidden_size)
         nn.init.normal_(self.position_embeddings.weight, mean=0.0, std=0.02)
 
     def embed(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -90,10 +90,10 @@ class SinusoidalPositionalEmbedding(PositionalEmbedding):
 
     kind = PositionKind.INPUT
 
-    def __init__(self, *, num_heads: int, head_dim: int, hidden_size: int, max_positions: int) -> None:
-        super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
-        if hidden_size % 2:
-            raise ValueError(f"sinusoidal embedding needs an even hidden size, got {hidden_size}")
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__(shape)
+        if shape.hidden_size % 2:
+            raise ValueError(f"sinusoidal embedding needs an even hidden size, got {shape.hidden_size}")
 
     def embed(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``hidden [b, s, h] + cat(sin, cos)[positions]``."""

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from kerple.positional.base import PositionalEmbedding, PositionKind, global_head_indices
+from kerple.positional.base import ModelShape, PositionalEmbedding, PositionKind
 from kerple.positional.functional import distance_vector
 from kerple.positional.logit_term import LogitTerm, per_head_term
 from kerple.positional.options import option
@@ -84,21 +84,10 @@ class AlibiBias(PositionalEmbedding):
     state_dict_name = "alibi_embed"
     options_class = AlibiOptions
 
-    def __init__(
-        self,
-        *,
-        num_heads: int,
-        head_dim: int,
-        hidden_size: int,
-        max_positions: int,
-        options: AlibiOptions = AlibiOptions(),
-        head_offset: int = 0,
-        total_heads: int | None = None,
-    ) -> None:
-        super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
-        heads = global_head_indices(num_heads, head_offset, total_heads)
-        total = total_heads if total_heads is not None else head_offset + num_heads
-        all_slopes = shifted_slopes(total, options.alibi_slope_shift, options.alibi_equal_slope)
+    def __init__(self, shape: ModelShape, options: AlibiOptions = AlibiOptions()) -> None:
+        super().__init__(shape)
+        heads = shape.head_indices()
+        all_slopes = shifted_slopes(shape.all_heads, options.alibi_slope_shift, options.alibi_equal_slope)
         self.register_buffer("slopes", torch.tensor([all_slopes[h] for h in heads], dtype=torch.float32))
 
     def distance_tables(

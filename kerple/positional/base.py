@@ -30,6 +30,7 @@ The transformer layer never names an embedding: it asks for these hooks and noth
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
@@ -150,6 +151,34 @@ def global_head_indices(num_heads: int, head_offset: int = 0, total_heads: int |
     return range(head_offset, head_offset + num_heads)
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """The model dimensions a positional embedding is built for: one object every family's constructor takes.
+
+    ``num_heads`` are the heads this module serves: all of them, or a tensor-parallel rank's slice,
+    which starts at global head ``head_offset`` of ``total_heads`` (default: all heads are local;
+    :func:`global_head_indices`). ``num_layers`` is the model's layer count, read by the families with
+    per-layer parameters (``cable``).
+    """
+
+    num_heads: int
+    head_dim: int
+    hidden_size: int
+    max_positions: int
+    num_layers: int = 1
+    head_offset: int = 0
+    total_heads: int | None = None
+
+    @property
+    def all_heads(self) -> int:
+        """The model's head count, local or not."""
+        return self.head_offset + self.num_heads if self.total_heads is None else self.total_heads
+
+    def head_indices(self) -> range:
+        """The global indices of the local heads, validating the slice (:func:`global_head_indices`)."""
+        return global_head_indices(self.num_heads, self.head_offset, self.total_heads)
+
+
 class PositionalEmbedding(nn.Module):
     """Base class: every hook is a no-op; subclasses override the ones their family uses.
 
@@ -165,18 +194,18 @@ class PositionalEmbedding(nn.Module):
       is cast (``model.to(torch.bfloat16)``, ``.half()``): see :meth:`_apply`.
     * ``options_class``: the frozen dataclass declaring the family's config options
       (:mod:`kerple.positional.options`), or ``None`` when it has none; the constructor then takes
-      ``options``, one instance of it.
+      ``options``, one instance of it, after the :class:`ModelShape`.
     * ``tensor_parallel``: whether tensor parallelism can split it by heads (every tensor either
       per head or unused by the heads' shared computation); ``False`` refuses
       ``model_parallel_size > 1`` when the config loads.
-    * ``num_layers``: ``None``, or for a family with per-layer parameters (its constructor takes
-      ``num_layers``) the layer count it was built for; the model must have as many layers.
+    * ``num_layers``: ``None``, or for a family with per-layer parameters the layer count it was
+      built for (``shape.num_layers``); the model must have as many layers.
 
+    Every constructor takes ``(shape, options)`` (``shape`` alone without an ``options_class``).
     Tensor parallelism: an embedding may be given only a slice of the heads. Families whose values
     depend on the global head index (ALiBi slopes, Sandwich compression ratios, T5's xavier fan)
-    accept ``head_offset`` (global index of local head 0) and ``total_heads`` (default: all heads
-    are local); see :func:`global_head_indices`. These are construction arguments of a
-    tensor-parallel rank, not config options.
+    read ``shape.head_offset`` and ``shape.total_heads`` (:meth:`ModelShape.head_indices`): they are
+    part of a tensor-parallel rank's shape, not config options.
     """
 
     kind: PositionKind = PositionKind.NONE
@@ -187,18 +216,19 @@ class PositionalEmbedding(nn.Module):
     tensor_parallel: bool = True
     num_layers: int | None = None
 
-    def __init__(self, *, num_heads: int, head_dim: int, hidden_size: int, max_positions: int) -> None:
+    def __init__(self, shape: ModelShape) -> None:
         super().__init__()
-        self.num_heads = num_heads
-        self.head_dim = head_dim
-        self.hidden_size = hidden_size
-        self.max_positions = max_positions
+        self.shape = shape
+        self.num_heads = shape.num_heads
+        self.head_dim = shape.head_dim
+        self.hidden_size = shape.hidden_size
+        self.max_positions = shape.max_positions
 
     @classmethod
-    def options_problem(cls, options: dict[str, Any], *, head_dim: int, max_positions: int) -> tuple[str, str] | None:
+    def options_problem(cls, options: Any, shape: ModelShape) -> tuple[str, str] | None:
         """``(option, what is wrong)`` for an option value that this model shape cannot take, checked
-        when the config loads (``options``: the config's options by name, ``None`` where unset); ``None``
-        when all fit. The default accepts everything."""
+        when the config loads (``options``: an instance of ``options_class``, what the constructor
+        takes); ``None`` when all fit. The default accepts everything."""
         return None
 
     # --- input hook -------------------------------------------------------------------------

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kerple.positional.base import PositionalEmbedding, PositionKind
+from kerple.positional.base import ModelShape, PositionalEmbedding, PositionKind
 from kerple.positional.logit_term import LogitTerm, ScorePosition, TermFunction
 
 if TYPE_CHECKING:
@@ -70,15 +70,13 @@ class Cable(PositionalEmbedding):
     learnable = True
     tensor_parallel = False
 
-    def __init__(
-        self, *, num_heads: int, head_dim: int, hidden_size: int, max_positions: int, num_layers: int = 1
-    ) -> None:
-        super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
-        if num_layers < 1:
-            raise ValueError(f"cable needs num_layers >= 1, got {num_layers}")
-        self.num_layers = num_layers
-        self.weight = nn.Parameter(torch.randn(num_layers, num_heads, hidden_size) * INIT_STD)
-        self.bias = nn.Parameter(torch.zeros(num_layers, num_heads))
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__(shape)
+        if shape.num_layers < 1:
+            raise ValueError(f"cable needs num_layers >= 1, got {shape.num_layers}")
+        self.num_layers = shape.num_layers
+        self.weight = nn.Parameter(torch.randn(shape.num_layers, shape.num_heads, shape.hidden_size) * INIT_STD)
+        self.bias = nn.Parameter(torch.zeros(shape.num_layers, shape.num_heads))
 
     def layer_logit_term(self, layer: int, hidden: torch.Tensor, cache: KVCache | None = None) -> LogitTerm:
         """Layer ``layer``'s term for its input ``hidden [b, n, h]``: ``s_i - s_j`` over the ``n`` new

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kerple.positional.base import PositionalEmbedding, PositionKind
+from kerple.positional.base import ModelShape, PositionalEmbedding, PositionKind
 from kerple.positional.logit_term import LogitTerm, ScorePosition, TermFunction, causal_distance
 from kerple.positional.options import option
 
@@ -100,18 +100,10 @@ class Fire(PositionalEmbedding):
     tensor_parallel = False
     options_class = FireOptions
 
-    def __init__(
-        self,
-        *,
-        num_heads: int,
-        head_dim: int,
-        hidden_size: int,
-        max_positions: int,
-        options: FireOptions = FireOptions(),
-    ) -> None:
-        super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
+    def __init__(self, shape: ModelShape, options: FireOptions = FireOptions()) -> None:
+        super().__init__(shape)
         width = int(options.fire_mlp_width)
-        self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, num_heads, bias=False))
+        self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, shape.num_heads, bias=False))
         # [1] rather than 0-d as in the public code: DeepSpeed's parameter broadcast cannot view a 0-d tensor
         self.c = nn.Parameter(torch.tensor([float(options.fire_init_c)]))
         self.register_buffer("init_L", torch.tensor([float(options.fire_init_threshold)]))

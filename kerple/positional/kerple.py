@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from kerple.positional.alibi import alibi_slopes, linear_bias
-from kerple.positional.base import PositionalEmbedding, PositionKind, global_head_indices
+from kerple.positional.base import ModelShape, PositionalEmbedding, PositionKind
 from kerple.positional.functional import distance_power, distance_vector, straight_through_clamp
 from kerple.positional.logit_term import LogitTerm, per_head_term
 
@@ -68,10 +68,10 @@ class LearnableKernel(PositionalEmbedding):
     bias_export: ExportForm | None = None
     scale_export: ExportForm | None = None
 
-    def __init__(self, *, num_heads: int, head_dim: int, hidden_size: int, max_positions: int) -> None:
-        super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__(shape)
         for name, (init_scale, _, _) in self.parameter_specs.items():
-            self.register_parameter(name, nn.Parameter(torch.rand(num_heads, 1, 1) * init_scale))
+            self.register_parameter(name, nn.Parameter(torch.rand(shape.num_heads, 1, 1) * init_scale))
         self._distance_cache: tuple[int, torch.device, torch.Tensor] | None = None
 
     def effective(self, name: str) -> torch.Tensor:
@@ -255,20 +255,10 @@ class KerplePowerOriginal(PositionalEmbedding):
     kind = PositionKind.BIAS
     state_dict_name = "rpe"
 
-    def __init__(
-        self,
-        *,
-        num_heads: int,
-        head_dim: int,
-        hidden_size: int,
-        max_positions: int,
-        head_offset: int = 0,
-        total_heads: int | None = None,
-    ) -> None:
-        super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
-        heads = global_head_indices(num_heads, head_offset, total_heads)
-        slopes = alibi_slopes(total_heads if total_heads is not None else head_offset + num_heads)
-        local = torch.tensor([slopes[h] for h in heads], dtype=torch.float32)
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__(shape)
+        slopes = alibi_slopes(shape.all_heads)
+        local = torch.tensor([slopes[h] for h in shape.head_indices()], dtype=torch.float32)
         self.register_buffer("bias_a", local[:, None, None])
 
     def _slopes(self, device: torch.device | str | None = None) -> torch.Tensor:

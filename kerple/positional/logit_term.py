@@ -60,7 +60,7 @@ def kernel_tensor(tensor: torch.Tensor) -> torch.Tensor:
     own storage when it needs a gradient and is a view or a leaf (a parameter), else ``tensor``.
 
     AOTAutograd drops the gradient of a captured view of a differentiated tensor without an error
-    (torch 2.13; see the module docstring), so nothing that needs a gradient may reach a kernel as
+    (the project's torch, docs/development.md; see the module docstring), so nothing that needs a gradient may reach a kernel as
     one. The copy is differentiable (autograd carries its gradient to the parameter) and costs one
     small copy per forward: captured tensors are per-head or per-token vectors, never ``L x L``.
     Idempotent: a copy is neither a view nor a leaf.

@@ -21,6 +21,18 @@ Check = Callable[[Any], str | None]
 """A rule bounds cannot express: ``value -> what is wrong`` (e.g. ``"must be even"``) or ``None``."""
 
 
+@dataclass(frozen=True)
+class Variant:
+    """How the values of a run-time option name variants of a run in result tables (``rotary+yarn``,
+    shown "Rotary + YaRN"): ``tag(value)`` is the short name of a value (``None`` where the value
+    changes nothing, as unset), ``names`` maps each tag to the name shown, in the order tables list
+    them; ``unset`` are the spelled-out values that mean the same as leaving the option unset."""
+
+    tag: Callable[[Any], str | None]
+    names: dict[str, str]
+    unset: tuple[Any, ...] = ()
+
+
 def option(
     default: Any,
     help: str,
@@ -30,6 +42,7 @@ def option(
     check: Check | None = None,
     refuse_elsewhere: bool = False,
     weights_bound: bool = True,
+    variant: Variant | None = None,
 ) -> Any:
     """Declare one option field of a family's options dataclass.
 
@@ -43,9 +56,10 @@ def option(
         weights_bound: ``False`` for a setting of how a trained model is run rather than of what its
             weights mean (``rope_scaling``: zero-shot context extension); loading a checkpoint then
             does not compare the recorded value with the config's.
+        variant: for a run-time option, how its values name variants of a run (:class:`Variant`).
     """
     metadata = {"help": help, "minimum": minimum, "maximum": maximum, "check": check,
-                "refuse_elsewhere": refuse_elsewhere, "weights_bound": weights_bound}
+                "refuse_elsewhere": refuse_elsewhere, "weights_bound": weights_bound, "variant": variant}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -62,6 +76,7 @@ class OptionSpec:
     check: Check | None
     refuse_elsewhere: bool = False
     weights_bound: bool = True
+    variant: Variant | None = None
 
 
 def declared_options(options_class: type) -> tuple[OptionSpec, ...]:
@@ -78,6 +93,7 @@ def declared_options(options_class: type) -> tuple[OptionSpec, ...]:
             check=field.metadata["check"],
             refuse_elsewhere=field.metadata["refuse_elsewhere"],
             weights_bound=field.metadata["weights_bound"],
+            variant=field.metadata["variant"],
         )
         for field in dataclasses.fields(options_class)
     )

@@ -77,6 +77,23 @@ validator, except that ``longrope`` needs ``factor`` (without it ``transformers`
 from ``max_position_embeddings``, which it reads as the extended length and kerple as the model's own)."""
 
 
+METHOD_NAMES = {
+    "linear": "PI",
+    "dynamic": "dynamic NTK",
+    "yarn": "YaRN",
+    "llama3": "Llama 3",
+    "longrope": "LongRoPE",
+    "proportional": "proportional",
+}
+"""``rope_type`` -> the method's name in result tables ("Rotary + YaRN"), in the order they list them."""
+
+
+def method_tag(rope_scaling: Any) -> str | None:
+    """The ``rope_type`` of a ``rope_scaling`` value, ``None`` for none (a run's variant tag)."""
+    rope_type = rope_scaling.get("rope_type", NO_SCALING) if isinstance(rope_scaling, dict) else NO_SCALING
+    return None if rope_type == NO_SCALING else str(rope_type)
+
+
 def rope_types() -> tuple[str, ...]:
     """Every ``rope_type`` kerple takes: ``default`` and those of the installed ``transformers``'
     ``ROPE_INIT_FUNCTIONS`` whose rules :data:`ROPE_KEYS` states."""

@@ -21,9 +21,19 @@ from typing import Any
 
 import torch
 
-from kerple.positional.base import PositionalEmbedding, PositionKind
-from kerple.positional.options import option
-from kerple.positional.rope_scaling import NO_SCALING, RopeFrequencies, rope_scaling_problem
+from kerple.positional.base import ModelShape, PositionalEmbedding, PositionKind
+from kerple.positional.options import Variant, option
+from kerple.positional.rope_scaling import (
+    KERPLE_KEYS,
+    METHOD_NAMES,
+    NO_SCALING,
+    ROPE_KEYS,
+    RopeFrequencies,
+    method_tag,
+    rope_parameters,
+    rope_scaling_problem,
+    transformers_max_positions,
+)
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,7 @@ class RotaryOptions:
         "ROPE_INIT_FUNCTIONS (docs/context-extension.md).",
         refuse_elsewhere=True,
         weights_bound=False,
+        variant=Variant(tag=method_tag, names=METHOD_NAMES, unset=({"rope_type": NO_SCALING},)),
     )
 
 
@@ -52,6 +63,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class RotaryEmbedding(PositionalEmbedding):
     """Rotary embedding; buffer ``inv_freq`` ``[rotary_ndims/2]`` stored as ``rotary_emb.inv_freq``.
 
+    ``rotated_ndims`` channels of each head are rotated: ``rotary_ndims``, except under
+    ``proportional`` RoPE, whose frequencies span the whole head (those past ``rotary_ndims`` are 0).
     Rotation is computed in fp32 and cast back to the query dtype (the reference builds its cos/sin
     cache in the compute dtype; fp32 is slightly more accurate in bf16 runs).
     """
@@ -60,51 +73,41 @@ class RotaryEmbedding(PositionalEmbedding):
     state_dict_name = "rotary_emb"
     options_class = RotaryOptions
 
-    def __init__(
-        self,
-        *,
-        num_heads: int,
-        head_dim: int,
-        hidden_size: int,
-        max_positions: int,
-        options: RotaryOptions = RotaryOptions(),
-    ) -> None:
-        super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
+    def __init__(self, shape: ModelShape, options: RotaryOptions = RotaryOptions()) -> None:
+        super().__init__(shape)
         rotary_pct = options.rotary_pct
         if not 0.0 < rotary_pct <= 1.0:
             raise ValueError(f"rotary_pct must be in (0, 1], got {rotary_pct}")
-        self.rotary_ndims = int(head_dim * rotary_pct)
+        self.rotary_ndims = int(shape.head_dim * rotary_pct)
         if self.rotary_ndims < 2 or self.rotary_ndims % 2:
             raise ValueError(
                 f"rotary dims int(head_dim * rotary_pct) = {self.rotary_ndims} must be even and >= 2 "
-                f"(head_dim={head_dim}, rotary_pct={rotary_pct})"
+                f"(head_dim={shape.head_dim}, rotary_pct={rotary_pct})"
             )
         self.base = float(options.rotary_emb_base)
         exponents = torch.arange(0, self.rotary_ndims, 2, dtype=torch.float32) / self.rotary_ndims
         self.register_buffer("inv_freq", 1.0 / (self.base**exponents))
-        self.rope_frequencies = scaled_frequencies(options, head_dim=head_dim, max_positions=max_positions)
+        self.rope_frequencies = scaled_frequencies(options, head_dim=shape.head_dim, max_positions=shape.max_positions)
+        self.rotated_ndims = self.rotary_ndims
         if self.rope_frequencies is not None:  # proportional RoPE rotates the whole head
-            self.rotary_ndims = 2 * self.rope_frequencies.at(max_positions, self.inv_freq.device)[0].numel()
+            self.rotated_ndims = 2 * self.rope_frequencies.at(shape.max_positions, self.inv_freq.device)[0].numel()
 
     @classmethod
-    def options_problem(cls, options: dict[str, Any], *, head_dim: int, max_positions: int) -> tuple[str, str] | None:
+    def options_problem(cls, options: RotaryOptions, shape: ModelShape) -> tuple[str, str] | None:
         """The rotated width against this shape, then ``rope_scaling`` (the rules of ``transformers``' validator)."""
-        defaults = cls.options_class()
-        rotary_pct = float(_given(options, "rotary_pct", defaults.rotary_pct))
-        width = rotary_width_problem(head_dim, rotary_pct)
+        width = rotary_width_problem(shape.head_dim, float(options.rotary_pct))
         if width is not None:
             return "rotary_pct", width
-        rope_scaling = options.get("rope_scaling")
-        if rope_scaling is None:
+        if options.rope_scaling is None:
             return None
         problem = rope_scaling_problem(
-            rope_scaling, head_dim=head_dim, max_positions=max_positions, rotary_pct=rotary_pct,
-            base=float(_given(options, "rotary_emb_base", defaults.rotary_emb_base)),
+            options.rope_scaling, head_dim=shape.head_dim, max_positions=shape.max_positions,
+            rotary_pct=float(options.rotary_pct), base=float(options.rotary_emb_base),
         )
         return None if problem is None else ("rope_scaling", problem)
 
     def frequencies(self, length: int) -> tuple[torch.Tensor, float]:
-        """``(inv_freq [rotary_ndims/2], attention factor)`` of a forward over positions ``< length``:
+        """``(inv_freq [rotated_ndims/2], attention factor)`` of a forward over positions ``< length``:
         the stored base frequencies and 1, or those of ``rope_scaling`` at that length."""
         if self.rope_frequencies is None:
             return self.inv_freq.float(), 1.0
@@ -115,18 +118,18 @@ class RotaryEmbedding(PositionalEmbedding):
         length = int(positions.max()) + 1 if scaled is not None and scaled.length_dependent and positions.numel() else 0
         inv_freq, factor = self.frequencies(length)
         angles = positions.to(device=inv_freq.device, dtype=torch.float32)[:, None] * inv_freq
-        angles = torch.cat([angles, angles], dim=-1)  # [s, rotary_ndims]
+        angles = torch.cat([angles, angles], dim=-1)  # [s, rotated_ndims]
         if factor == 1.0:
             return angles.cos(), angles.sin()
         return angles.cos() * factor, angles.sin() * factor  # transformers' attention_scaling (YaRN's sqrt(1/t))
 
     def _rotate_one(self, x: torch.Tensor, positions: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-        """The rotated channels of ``x [b, H, s, head_dim]``, each then multiplied by ``scale [s, rotary_ndims]``
+        """The rotated channels of ``x [b, H, s, head_dim]``, each then multiplied by ``scale [s, rotated_ndims]``
         when given (xPos), in float32; the other channels pass through."""
         cos, sin = self._cos_sin(positions)
-        rotated, passed = x[..., : self.rotary_ndims], x[..., self.rotary_ndims :]
+        rotated, passed = x[..., : self.rotated_ndims], x[..., self.rotated_ndims :]
         rotated = rotated.float()
-        rotated = rotated * cos + rotate_half(rotated) * sin  # [b, H, s, rotary_ndims]
+        rotated = rotated * cos + rotate_half(rotated) * sin  # [b, H, s, rotated_ndims]
         if scale is not None:
             rotated = rotated * scale
         return torch.cat([rotated.to(x.dtype), passed], dim=-1)
@@ -165,11 +168,6 @@ def _pct_for(width: int, head_dim: int) -> str:
     return short if int(head_dim * float(short)) == width else f"{(width + 0.5) / head_dim:.4g}"
 
 
-def _given(options: dict[str, Any], name: str, default: Any) -> Any:
-    value = options.get(name)
-    return default if value is None else value
-
-
 def scaled_frequencies(options: RotaryOptions, *, head_dim: int, max_positions: int) -> RopeFrequencies | None:
     """The ``rope_scaling`` frequencies of ``options``, or ``None`` when there is none (or ``default``)."""
     rope_scaling = options.rope_scaling
@@ -195,3 +193,42 @@ def refuse_rope_scaling(module: RotaryEmbedding) -> None:
         "its query/key forms take fixed frequencies, not rope_scaling, and no stock class computes them; export the "
         "weights without the scaling (--config 'rope_scaling=null'): it is a run-time option, the weights are the same"
     )
+
+
+def extension_options(rope_type: str, factor: float, original_length: int) -> dict[str, Any]:
+    """The config keys that extend a rotary model trained at ``original_length`` by ``factor`` with
+    ``rope_type``'s method (``linear``: Position Interpolation; ``yarn``, which names the original length)."""
+    scaling: dict[str, Any] = {"rope_type": rope_type, "factor": float(factor)}
+    if "original_max_position_embeddings" in ROPE_KEYS[rope_type][0]:
+        scaling["original_max_position_embeddings"] = original_length
+    return {"rope_scaling": scaling}
+
+
+def gpt_neox_config(config: dict[str, Any], *, rotary_pct: float, max_positions: int) -> dict[str, Any]:
+    """The rotary keys of a stock GPTNeoX ``config.json`` for the flat kerple ``config`` (its
+    ``rotary_emb_base`` and ``rope_scaling``) rotating ``rotary_pct`` of each head (0: NoPE) at
+    ``max_positions``: ``max_position_embeddings`` as ``transformers`` reads it
+    (:func:`transformers_max_positions`), ``rotary_pct``, ``rotary_emb_base``, ``rope_parameters``
+    and, with a scaling, ``rope_scaling`` (the key transformers 4 reads)."""
+    rope_scaling = config.get("rope_scaling")
+    base = float(config.get("rotary_emb_base", 10000.0))
+    rope = rope_parameters(rope_scaling, rotary_pct=rotary_pct, base=base)
+    scaling = {"rope_scaling": {key: value for key, value in rope.items() if key not in KERPLE_KEYS}} if rope_scaling else {}
+    return {"max_position_embeddings": transformers_max_positions(rope_scaling, max_positions),
+            "rotary_pct": rotary_pct, "rotary_emb_base": base, "rope_parameters": rope, **scaling}
+
+
+def from_gpt_neox_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """The kerple options of a stock GPTNeoX ``config.json``'s rotary keys (``rope_parameters``, or
+    transformers 4's ``rope_scaling``, ``rotary_pct``, ``rotary_emb_base``): ``pos_emb`` (``none``
+    where nothing is rotated), ``rotary_pct``, ``rotary_emb_base``, ``rope_scaling``."""
+    rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    pct = float(rope.get("partial_rotary_factor", hf.get("rotary_pct", 1.0)))
+    scaling = {key: value for key, value in rope.items() if key not in KERPLE_KEYS}
+    scaling["rope_type"] = scaling.pop("type", scaling.get("rope_type", NO_SCALING))
+    return {
+        "pos_emb": "none" if pct == 0.0 else "rotary",
+        "rotary_pct": pct if pct > 0 else 1.0,
+        "rotary_emb_base": float(rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0))),
+        "rope_scaling": None if scaling["rope_type"] == NO_SCALING else scaling,
+    }

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from kerple.positional.base import PositionalEmbedding, PositionKind, global_head_indices
+from kerple.positional.base import ModelShape, PositionalEmbedding, PositionKind, global_head_indices
 from kerple.positional.logit_term import LogitTerm, per_head_term
 from kerple.positional.options import must_be_even, option
 
@@ -64,23 +64,13 @@ class Sandwich(PositionalEmbedding):
     kind = PositionKind.BIAS
     options_class = SandwichOptions
 
-    def __init__(
-        self,
-        *,
-        num_heads: int,
-        head_dim: int,
-        hidden_size: int,
-        max_positions: int,
-        options: SandwichOptions = SandwichOptions(),
-        head_offset: int = 0,
-        total_heads: int | None = None,
-    ) -> None:
-        super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
+    def __init__(self, shape: ModelShape, options: SandwichOptions = SandwichOptions()) -> None:
+        super().__init__(shape)
         sandwich_dim = options.sandwich_dim
         if sandwich_dim < 2 or sandwich_dim % 2:
             raise ValueError(f"sandwich_dim must be even and >= 2, got {sandwich_dim}")
         self.sandwich_dim = sandwich_dim
-        ratios = compression_ratios(num_heads, head_offset, total_heads)
+        ratios = compression_ratios(shape.num_heads, shape.head_offset, shape.total_heads)
         # Not saved in checkpoints (the reference has no Sandwich); tracks the module's device.
         self.register_buffer("compression_ratio", torch.tensor(ratios, dtype=torch.float32), persistent=False)
         self._ratios64 = torch.tensor(ratios, dtype=torch.float64)
@@ -130,9 +120,9 @@ class SmoothedSandwich(Sandwich):
     float32, which differs from the float32-rounded table by a few float32 ulps.
     """
 
-    def __init__(self, **shape_and_options: Any) -> None:
+    def __init__(self, shape: ModelShape, options: SandwichOptions = SandwichOptions()) -> None:
         """The same keyword arguments as :class:`Sandwich`; the fit runs after its construction."""
-        super().__init__(**shape_and_options)
+        super().__init__(shape, options)
         fit_distance = torch.arange(SMOOTHING_POINTS, dtype=torch.float64)
         self.alpha, self.beta = fit_log_curve(fit_distance, super()._table64(fit_distance))
 

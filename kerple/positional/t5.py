@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kerple.positional.base import PositionalEmbedding, PositionKind, global_head_indices
+from kerple.positional.base import ModelShape, PositionalEmbedding, PositionKind
 from kerple.positional.options import option
 
 
@@ -60,19 +60,9 @@ class T5RelativeBias(PositionalEmbedding):
     learnable = True
     options_class = T5Options
 
-    def __init__(
-        self,
-        *,
-        num_heads: int,
-        head_dim: int,
-        hidden_size: int,
-        max_positions: int,
-        options: T5Options = T5Options(),
-        head_offset: int = 0,
-        total_heads: int | None = None,
-    ) -> None:
-        super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions)
-        global_head_indices(num_heads, head_offset, total_heads)
+    def __init__(self, shape: ModelShape, options: T5Options = T5Options()) -> None:
+        super().__init__(shape)
+        shape.head_indices()  # validates the slice
         rpe_num_buckets, rpe_max_distance = options.rpe_num_buckets, options.rpe_max_distance
         if rpe_num_buckets < 2 or rpe_max_distance <= rpe_num_buckets // 2:
             raise ValueError(
@@ -81,10 +71,9 @@ class T5RelativeBias(PositionalEmbedding):
             )
         self.num_buckets = rpe_num_buckets
         self.max_distance = rpe_max_distance
-        self.scale = math.sqrt(head_dim)
-        total = total_heads if total_heads is not None else head_offset + num_heads
-        std = math.sqrt(2.0 / (rpe_num_buckets + total))
-        self.weight = nn.Parameter(torch.randn(rpe_num_buckets, num_heads) * std)
+        self.scale = math.sqrt(shape.head_dim)
+        std = math.sqrt(2.0 / (rpe_num_buckets + shape.all_heads))
+        self.weight = nn.Parameter(torch.randn(rpe_num_buckets, shape.num_heads) * std)
         self._bucket_cache: tuple[int, torch.device, torch.Tensor] | None = None
 
     def buckets(self, k_len: int, device: torch.device | None = None) -> torch.Tensor:

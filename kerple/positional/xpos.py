@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from kerple.positional.options import option
+from kerple.positional.base import ModelShape
 from kerple.positional.rotary import RotaryEmbedding, RotaryOptions, refuse_rope_scaling
 
 
@@ -65,35 +66,24 @@ class XposEmbedding(RotaryEmbedding):
     state_dict_name = "xpos"
     options_class = XposOptions
 
-    def __init__(
-        self,
-        *,
-        num_heads: int,
-        head_dim: int,
-        hidden_size: int,
-        max_positions: int,
-        options: XposOptions = XposOptions(),
-    ) -> None:
+    def __init__(self, shape: ModelShape, options: XposOptions = XposOptions()) -> None:
         if (options.rope_scaling or {}).get("rope_type") == "proportional":
             raise ValueError("xpos's decay covers the rotary_pct channels only: use another rope_type")
-        super().__init__(
-            num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size, max_positions=max_positions,
-            options=options,
-        )
+        super().__init__(shape, options)
         reason = _positive(options.xpos_gamma)
         if reason is not None:
             raise ValueError(f"xpos_gamma {reason}, got {options.xpos_gamma}")
         self.scale_base = float(options.xpos_scale_base)
-        self.centre = max_positions // 2
+        self.centre = shape.max_positions // 2
         self.register_buffer("decay", xpos_decay(self.rotary_ndims, float(options.xpos_gamma)))
 
     @classmethod
-    def options_problem(cls, options: dict[str, Any], *, head_dim: int, max_positions: int) -> tuple[str, str] | None:
+    def options_problem(cls, options: XposOptions, shape: ModelShape) -> tuple[str, str] | None:
         """Rotary's checks; and no ``proportional`` RoPE, which would rotate channels the decay ζ does not cover."""
-        rope_scaling = options.get("rope_scaling")
+        rope_scaling = options.rope_scaling
         if isinstance(rope_scaling, dict) and rope_scaling.get("rope_type") == "proportional":
             return "rope_scaling", "xpos's decay covers the rotary_pct channels only: use another rope_type"
-        return super().options_problem(options, head_dim=head_dim, max_positions=max_positions)
+        return super().options_problem(options, shape)
 
     def _scale(self, positions: torch.Tensor, sign: float) -> torch.Tensor:
         """``ζ^(sign·(t - centre)/B)`` as float32 ``[s, rotary_ndims]`` (pairs ``c``, ``c + r/2`` share ``ζ_c``)."""

@@ -58,7 +58,7 @@ def _fake_positional() -> types.ModuleType:
     module.canonical = canonical
     module.family = family
     module.names = lambda: list(FAKE_FAMILIES)
-    module.options_problem = lambda name, options, **shape: None
+    module.options_problem = lambda name, options, shape: None
     return module
 
 

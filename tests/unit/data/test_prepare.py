@@ -169,6 +169,7 @@ def test_input_files_jsonl_text_compressed(tmp_path: Path, neox20b_file: Path) -
     assert not (tmp_path / "x").exists() or not list((tmp_path / "x").iterdir())
 
 
+@pytest.mark.process  # prepare_data's worker pool
 def test_two_workers_same_output(tmp_path: Path) -> None:
     text = tmp_path / "t.jsonl"
     text.write_text("\n".join(json.dumps({"text": f"row {i} " * (i % 13 + 1)}) for i in range(300)))

@@ -19,6 +19,7 @@ from kerple.evaluation.plots import (
     plot_ppl_vs_length,
     positional_module,
 )
+from kerple.positional.base import ModelShape
 from kerple.positional.kerple import KerpleLog
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -31,7 +32,7 @@ def assert_png(path: Path) -> None:
 
 
 def kerple_log(r1: list[float], r2: list[float]) -> KerpleLog:
-    module = KerpleLog(num_heads=len(r1), head_dim=8, hidden_size=8 * len(r1), max_positions=64)
+    module = KerpleLog(ModelShape(num_heads=len(r1), head_dim=8, hidden_size=8 * len(r1), max_positions=64))
     with torch.no_grad():
         module.bias_p.copy_(torch.tensor(r1).reshape(-1, 1, 1))
         module.bias_a.copy_(torch.tensor(r2).reshape(-1, 1, 1))

@@ -92,7 +92,7 @@ def test_unsupported_reason_cases() -> None:
     assert unsupported_reason("flex", PositionKind.WEIGHT, "cuda", True) is None
     assert unsupported_reason("flex", PositionKind.BIAS, "cpu", False) is None
     assert unsupported_reason("flex", PositionKind.BIAS, "cpu", True) == (
-        "FlexAttention has no backward on CPU in torch 2.13 (it serves evaluation there); "
+        "FlexAttention has no backward on CPU (it serves evaluation there); "
         "use attention_impl: eager or sdpa or auto"
     )
     # a weight kernel on a CPU: only eager trains it (flex, once suggested here, has no CPU backward)

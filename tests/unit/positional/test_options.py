@@ -127,9 +127,8 @@ NEW_FAMILY = textwrap.dedent(
         kind = PositionKind.BIAS
         options_class = ToyOptions
 
-        def __init__(self, *, num_heads, head_dim, hidden_size, max_positions, options=ToyOptions()):
-            super().__init__(num_heads=num_heads, head_dim=head_dim, hidden_size=hidden_size,
-                             max_positions=max_positions)
+        def __init__(self, shape, options=ToyOptions()):
+            super().__init__(shape)
             self.options = options
 
     positional._REGISTRY["toy"] = ToyBias

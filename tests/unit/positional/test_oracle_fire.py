@@ -10,6 +10,7 @@ import torch
 
 import kerple.positional as positional
 from dense_views import grid
+from kerple.positional.base import ModelShape
 from kerple.positional.fire import Fire
 from kerple.positional.logit_term import ScorePosition
 
@@ -64,7 +65,7 @@ def test_one_score_by_hand() -> None:
 def test_closed_form_equals_the_dense_formula_in_value_and_gradient(first_query: int) -> None:
     module = build()
     assert module.init_L.item() == 8.0
-    assert Fire(num_heads=H, head_dim=4, hidden_size=12, max_positions=64).init_L.item() == 512.0  # the default
+    assert Fire(ModelShape(num_heads=H, head_dim=4, hidden_size=12, max_positions=64)).init_L.item() == 512.0  # the default
     with torch.no_grad():
         module.c.fill_(0.3)
         module.L_multiplier.fill_(1.2)

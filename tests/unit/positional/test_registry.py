@@ -98,3 +98,16 @@ def test_options_reach_their_family() -> None:
 def test_every_family_builds_through_an_alias_and_its_canonical_name() -> None:
     for name in positional.names():
         assert type(positional.build(name, **SIZES)) is positional.family(name)
+
+
+@pytest.mark.parametrize("name", positional.names())
+def test_every_family_is_built_from_one_shape(name: str) -> None:
+    """``build`` hands each family one ``ModelShape`` (the tensor-parallel slice and the layer count
+    included) and its options object, nothing read from the constructor's signature."""
+    shape = positional.ModelShape(**SIZES, num_layers=3, head_offset=4, total_heads=8)
+    module = positional.build(name, **SIZES, num_layers=3, head_offset=4, total_heads=8)
+    assert module.shape == shape
+    cls = positional.family(name)
+    direct = cls(shape) if cls.options_class is None else cls(shape, cls.options_class())
+    assert sorted(direct.state_dict()) == sorted(module.state_dict())
+    assert [tuple(t.shape) for t in direct.state_dict().values()] == [tuple(t.shape) for t in module.state_dict().values()]

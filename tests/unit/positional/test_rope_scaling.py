@@ -170,6 +170,42 @@ def test_the_stored_frequencies_stay_the_base_ones() -> None:
     plain.load_state_dict(scaled.state_dict())
 
 
+def test_proportional_rotates_the_whole_head_and_keeps_the_rotary_width() -> None:
+    """``rotary_ndims`` stays ``int(head_dim x rotary_pct)``, the width of the stored ``inv_freq``; the
+    proportional frequencies span the whole head (the channels past it at frequency 0)."""
+    module = kerple_rotary(example("proportional", 0.5), 0.5)
+    assert module.rotary_ndims == HEAD_DIM // 2 == 2 * module.inv_freq.numel()
+    assert module.rotated_ndims == HEAD_DIM
+    inv_freq, _ = module.frequencies(TRAIN_LENGTH)
+    assert inv_freq.numel() == HEAD_DIM // 2 and bool((inv_freq[HEAD_DIM // 4:] == 0).all())
+
+
+def test_the_shape_check_takes_what_the_constructor_takes() -> None:
+    """``options_problem`` reads the options object the constructor is given, against the model's shape."""
+    from kerple.positional.base import ModelShape
+    from kerple.positional.rotary import RotaryEmbedding, RotaryOptions
+
+    shape = ModelShape(num_heads=HEADS, head_dim=HEAD_DIM, hidden_size=HEAD_DIM * HEADS, max_positions=TRAIN_LENGTH)
+    odd = RotaryOptions(rotary_pct=3 / HEAD_DIM)
+    assert RotaryEmbedding.options_problem(odd, shape)[0] == "rotary_pct"
+    with pytest.raises(ValueError, match="must be even"):
+        RotaryEmbedding(shape, odd)
+    bad = RotaryOptions(rope_scaling={"rope_type": "linear", "factor": 0.5})
+    assert RotaryEmbedding.options_problem(bad, shape) == (
+        "rope_scaling", "rope_scaling.factor must be at least 1 (1: no extension), got 0.5")
+    assert RotaryEmbedding.options_problem(RotaryOptions(rope_scaling=example("yarn", 1.0)), shape) is None
+
+
+def test_a_run_is_named_after_its_scaling_method() -> None:
+    """The run-time option's variant: its tag in a results table, the method's name, and the spelled-out none."""
+    assert positional.variant_tags({"rope_scaling": example("yarn", 1.0)}) == ("yarn",)
+    assert positional.variant_tags({"rope_scaling": {"rope_type": "default"}}) == ()
+    assert positional.variant_tags({"rope_scaling": None}) == positional.variant_tags({}) == ()
+    assert positional.variant_names()["linear"] == "PI" and positional.variant_names()["yarn"] == "YaRN"
+    assert positional.unset_value("rope_scaling", {"rope_type": "default"}) is None
+    assert positional.unset_value("rope_scaling", example("linear", 1.0)) == example("linear", 1.0)
+
+
 @pytest.mark.parametrize(
     ("rope_scaling", "message"),
     [
