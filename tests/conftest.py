@@ -4,6 +4,7 @@ marker, and the `process` marker that `make test-fast` leaves out."""
 import inspect
 import os
 import re
+import signal
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -14,6 +15,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    # A suite started in the background by a non-interactive shell (`make test &`, nohup) inherits an
+    # ignored SIGINT, and so would every process a test starts (Python keeps an ignored SIGINT
+    # ignored): the tests of Ctrl-C would wait forever. They are about a terminal's Ctrl-C.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 if not torch.cuda.is_available():
     # Triton kernels run in Triton's CPU interpreter here; it is chosen when triton is imported, so
