@@ -123,8 +123,16 @@ def exit_on_interrupt(prog: str) -> Iterator[None]:
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         os._exit(INTERRUPTED_STATUS)
 
+    with _sigint_handler(stop):
+        yield
+
+
+@contextlib.contextmanager
+def _sigint_handler(handler: Any) -> Iterator[None]:
+    """``handler`` for SIGINT inside the block, the previous one restored after; outside the main thread
+    (where Python cannot set handlers) nothing changes."""
     try:
-        previous = signal.signal(signal.SIGINT, stop)
+        previous = signal.signal(signal.SIGINT, handler)
     except ValueError:  # not the main thread
         yield
         return
@@ -152,15 +160,8 @@ def children_ignore_interrupt() -> Iterator[None]:
     died of it printed its own traceback and could leave its parent waiting for a result forever.
     The parent alone stops, and ends its workers. A Ctrl-C while the children are being started
     (milliseconds) is lost. Outside the main thread it does nothing."""
-    try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread
+    with _sigint_handler(signal.SIG_IGN):
         yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def future_result(future: Any) -> Any:

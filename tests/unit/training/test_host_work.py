@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.host_overhead import count_host_work
+from benchmarks.host_overhead import count_host_work, counted_device_waits
 from kerple.checkpoint import safe_torch_load
 from kerple.training.master_adamw import MasterAdamW
 from kerple.training.trainer import Trainer
@@ -18,25 +18,19 @@ from tiny_run import corpus, parallel, tiny_config, train  # noqa: F401  (fixtur
 BF16 = {"bf16": {"enabled": True}}
 
 
-def profiled_step(trainer: Trainer, monkeypatch: pytest.MonkeyPatch):
+def profiled_step(trainer: Trainer):
     """One step under the profiler, with the device synchronizations that DeepSpeed asks its accelerator
     for counted (on a CPU they are no-ops the profiler cannot see; on a GPU each drains the queue)."""
-    from deepspeed.accelerator import get_accelerator
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(2):  # the optimizer's moments exist from here on; DeepSpeed times from its second step
         trainer.train_step()
-    accelerator, waits = get_accelerator(), []
-    synchronize = accelerator.synchronize
-    monkeypatch.setattr(accelerator, "synchronize", lambda *a, **k: waits.append(1) or synchronize(*a, **k))
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU]) as prof, counted_device_waits() as waits:
         loss = trainer.train_step()
-    monkeypatch.undo()
     return loss, count_host_work(prof.events(), steps=1), len(waits)
 
 
-def test_a_step_does_not_wait_for_the_device(parallel, corpus: Path,  # noqa: F811
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_step_does_not_wait_for_the_device(parallel, corpus: Path) -> None:  # noqa: F811
     """fp32 and bf16, ZeRO 0, with gradient clipping and two micro-batches: the loss comes back as a
     device tensor, nothing in the step reads a tensor on the host, and DeepSpeed synchronizes no device
     (its throughput timer did, twice per micro-batch)."""
@@ -44,7 +38,7 @@ def test_a_step_does_not_wait_for_the_device(parallel, corpus: Path,  # noqa: F8
         cfg = tiny_config(corpus, train_iters=4, gradient_accumulation_steps=2, **precision).resolve_batch(1)
         trainer = Trainer(cfg, parallel)
         try:
-            loss, counts, waits = profiled_step(trainer, monkeypatch)
+            loss, counts, waits = profiled_step(trainer)
         finally:
             trainer.close()
         assert isinstance(loss, torch.Tensor) and loss.shape == () and loss.dtype == torch.float32
