@@ -79,7 +79,13 @@ AUTO = "auto"  # resolved per forward by :func:`choose_implementation`
 #   Jacobians 157,670 against 252,867 through sdpa (docs/flex-attention.md §5). ASSUMED until measured:
 #   the reduction's tables' path (kerple/model/bias_gradient.py) trains no faster than alibi through flex
 #   at 512, so sdpa stays below 8192 tokens; from 8192 the dense [H, L, L] bias and its gradient (1.6 GB in bf16 and 3.2 GB in fp32
-#   at 12 heads) make O(L) memory the deciding cost.
+#   at 12 heads) make O(L) memory the deciding cost. Measured with the tables' Triton reduction (third
+#   lease): kerple_log 250,287 tokens/s through sdpa against 169,688 through flex at 512, compile off.
+# * CUDA training of a learnable bias in compiled layers, flex at every length: through compiled sdpa,
+#   kerple_log's fp32 master weights stayed exactly as they were over 11 steps (H200, torch 2.11, the GPU
+#   check's step 4; eager sdpa and compiled flex trained them), and compiled flex ran as fast as eager
+#   sdpa (249,890 against 250,287 tokens/s). The trainer also stops at the first step when a positional
+#   parameter gets no gradient (kerple/training/gradient_check.py).
 # * CUDA, weight kernels and evaluation of any logit term: flex from the start (the only kernel that
 #   scales the logits; O(L) memory in evaluation).
 FLEX_FROM_LENGTH: dict[tuple[str, bool, PositionKind], int | None] = {
@@ -138,6 +144,8 @@ def choose_implementation(
     window: int | None = None,
     dropout_p: float = 0.0,
     flex_compiled: bool = True,
+    compiled_layers: bool = False,
+    learnable: bool = False,
 ) -> str:
     """The fastest implementation that can serve an embedding of ``kind`` here (``attention_impl: auto``).
 
@@ -150,6 +158,8 @@ def choose_implementation(
     cuda    train/eval  position-only, no window            ``sdpa`` (flash/efficient kernel, causal)
     cuda    train       bias, no window, ``seq_len <        ``sdpa`` (dense bias; see
                         CUDA_TRAIN_FLEX_MIN_LENGTH``        :data:`FLEX_FROM_LENGTH` for what it rests on)
+    cuda    train       learnable bias, compiled layers     ``flex`` (compiled sdpa left its parameters
+                                                            untrained: :data:`FLEX_FROM_LENGTH`'s notes)
     cuda    train/eval  logit term, or any with a window    ``flex`` (tables in ``score_mod``,
                                                             block-sparse causal/window mask)
     cpu     train       bias / position-only                ``sdpa`` (FlexAttention has no CPU
@@ -160,7 +170,8 @@ def choose_implementation(
     cpu     eval        shorter, weight                     ``eager``
     ======  ==========  ==================================  ==========================================
 
-    Overrides: training with ``dropout_p > 0`` never picks ``flex`` (no attention dropout there),
+    ``compiled_layers``: the decoder layers run under ``torch.compile`` (:func:`~kerple.model.decoder.maybe_compile`);
+    ``learnable``: the term has trainable parameters. Overrides: training with ``dropout_p > 0`` never picks ``flex`` (no attention dropout there),
     and ``flex_compiled=False`` (the unfused reference FlexAttention, which materializes the
     scores) never picks ``flex``; ``sdpa`` then ``eager`` take its place. Every returned choice
     passes :func:`unsupported_reason`. Other devices follow the CPU rows.
@@ -170,6 +181,7 @@ def choose_implementation(
     table_device = "cuda" if device_type == "cuda" else "cpu"
     shortest = FLEX_FROM_LENGTH.get((table_device, training, kind))
     wants_flex = (shortest is not None and seq_len >= shortest) or (device_type == "cuda" and window is not None)
+    wants_flex = wants_flex or (device_type == "cuda" and training and compiled_layers and learnable)
     candidates = ("flex", "sdpa", "eager") if wants_flex and flex_allowed else ("sdpa", "eager")
     for impl in candidates:
         if unsupported_reason(impl, kind, device_type, training) is None:

@@ -130,6 +130,9 @@ def diagonal_partials(
                            "(set before triton is imported)")
     batch, heads, length, head_dim = query.shape
     block = block or tile_size(query.dtype, head_dim)
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"block {block}: the tiles are 16, 32 or 64 wide (a power of two of at least 16: "
+                         "tl.dot's smallest; Triton 3.6 fails to compile 8 x 8 tiles for an H200)")
     query_blocks = triton.cdiv(length, block)
     # a tile of band n holds distances ((n - 1)·B, (n + 1)·B): bands past the window see nothing
     bands = query_blocks if window is None else min(query_blocks, triton.cdiv(window - 1, block) + 1)

@@ -52,6 +52,7 @@ class Decoder(nn.Module):
         self.positional = positional
         self.layers = nn.ModuleList(build_layers())
         self.num_layers = len(self.layers)
+        self.compiled_layers = False  # set by maybe_compile
         built_for = None if positional is None else positional.num_layers
         if built_for is not None and built_for != self.num_layers:
             raise ValueError(
@@ -183,6 +184,7 @@ def maybe_compile(model: Decoder, cfg: Any) -> Decoder:
         torch._dynamo.config.allow_unspec_int_on_nn_module = True
         for layer in model.layers:
             layer.compile()
+        model.compiled_layers = True  # ``auto`` chooses with it (choose_implementation)
     return model
 
 

@@ -138,6 +138,8 @@ class GPTModel(Decoder):
             window=self.attention_window,
             dropout_p=self.attention_dropout,
             flex_compiled=self._flex.compiled,
+            compiled_layers=self.compiled_layers,
+            learnable=any(p.requires_grad for p in self.positional.parameters()),
         )
 
     def positional_parameters(self) -> list[nn.Parameter]:

@@ -51,6 +51,7 @@ from kerple.training.batches import build_feeds
 from kerple.training.ds_config import optimizer_steps_itself
 from kerple.training.engine import build_rank_model, build_stages, gathered, initialize_engine
 from kerple.training.errors import TrainingDivergedError, TrainingError
+from kerple.training.gradient_check import check_positional_gradients
 from kerple.training.lock import SaveLock
 from kerple.training.memory import check_training_memory
 from kerple.training.monitor import Monitor, progress_line
@@ -99,6 +100,7 @@ class Trainer:
         self.iteration = 0
         self.consumed_train_samples = 0
         self.skipped_steps = 0
+        self._gradients_checked = False
         self._stop_signal: int | None = None
         vote_device = parallel.device if parallel.backend == "nccl" else torch.device("cpu")
         self._stop_vote = LaggedVote(parallel.world_size, vote_device)  # no per-step wait across ranks
@@ -225,6 +227,10 @@ class Trainer:
             loss = self.engine(tokens, labels)
             with contextlib.nullcontext() if self.reduce_gradients else self.engine.no_sync():
                 self.engine.backward(loss)
+            if not self._gradients_checked:  # once: a kernel that drops the embedding's gradient stops the run
+                self._gradients_checked = True
+                if int(self.cfg.parallelism.zero_stage) == 0:  # ZeRO 1-3 move the gradients out of .grad
+                    check_positional_gradients(self.model, self.cfg, self.parallel.device)
             self.engine.step()
             losses.append(loss.detach())
         return losses[0] if len(losses) == 1 else torch.stack(losses).sum()

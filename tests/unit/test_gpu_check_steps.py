@@ -121,6 +121,24 @@ def test_unchanged_names_the_parameters_training_left_alone() -> None:
     assert step_throughput.unchanged(before, after) == ["positional.bias_p"]
 
 
+def test_positional_values_read_the_fp32_masters_of_bf16_parameters() -> None:
+    """An update below bf16's resolution leaves the bf16 parameter as it was (so comparing it called a
+    training kernel frozen on the GPU) but moves its fp32 master: the check must see the master."""
+    from kerple.training.master_adamw import MasterAdamW
+
+    positional = torch.nn.Module()
+    positional.bias_a = torch.nn.Parameter(torch.tensor([1.0]))
+    trainer = type("Trainer", (), {"model": type("Model", (), {"positional": positional})()})()
+    trainer.optimizer = MasterAdamW([{"params": [positional.bias_a]}], dtype=torch.bfloat16, lr=1e-4)
+    before = step_throughput.positional_values(trainer)
+    positional.bias_a.grad = torch.ones(1, dtype=torch.bfloat16)
+    trainer.optimizer.step()
+    assert positional.bias_a.item() == 1.0  # 1 - 1e-4 rounds back to 1 in bf16
+    assert step_throughput.unchanged(before, step_throughput.positional_values(trainer)) == []
+    trainer.optimizer.copies = []  # the bf16 parameter alone: unchanged
+    assert step_throughput.unchanged(before, step_throughput.positional_values(trainer)) == ["positional.bias_a"]
+
+
 def test_throughput_rows_of_frozen_positional_parameters_are_invalid(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Timed steps that leave a learnable embedding's parameters unchanged make the row invalid and

@@ -100,9 +100,9 @@ def _measure_kernel(ctx: StepContext, trainer: Any, impl: str, peak: float, resu
     try:
         model.set_attention(kernel)
         model._flex.closed_form = impl != TABLE_VARIANT
-        before = positional_values(model)
+        before = positional_values(trainer)
         seconds, mfu, memory = _cell(ctx, trainer, peak, tokens)
-        frozen = unchanged(before, positional_values(model))
+        frozen = unchanged(before, positional_values(trainer))
     except Exception as error:  # OOM or a kernel error: recorded, the next kernel gets a fresh trainer
         note = "OOM" if isinstance(error, torch.OutOfMemoryError) else f"error: {type(error).__name__}: {str(error)[:120]}"
         trainer.close()
@@ -118,9 +118,13 @@ def _measure_kernel(ctx: StepContext, trainer: Any, impl: str, peak: float, resu
     return [f"{seconds * 1e3:.1f}", f"{tokens / seconds:,.0f}", f"{mfu:.1%}", f"{memory / 2**30:.2f}", note], trainer
 
 
-def positional_values(model: Any) -> dict[str, torch.Tensor]:
-    """Copies of the positional embedding's trainable parameters."""
-    return {name: p.detach().float().clone() for name, p in model.positional.named_parameters() if p.requires_grad}
+def positional_values(trainer: Any) -> dict[str, torch.Tensor]:
+    """Copies of the positional embedding's trainable parameters, read from the optimizer's fp32 masters
+    where it keeps them: a bf16 parameter rounds back to its old value when the steps add up to less
+    than its resolution (2⁻⁸ relative), as they do once the cells' short lr schedule has decayed."""
+    masters = {id(parameter): master for parameter, master in getattr(trainer.optimizer, "copies", [])}
+    return {name: masters.get(id(p), p).detach().float().clone()
+            for name, p in trainer.model.positional.named_parameters() if p.requires_grad}
 
 
 def unchanged(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> list[str]:

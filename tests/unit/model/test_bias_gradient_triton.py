@@ -57,8 +57,8 @@ def test_kernel_equals_autograd_fp32_head_dim_128(name: str, window: int | None)
 
 
 def test_kernel_over_several_chunks() -> None:
-    """More query blocks than a program walks (:data:`CHUNK`): 150 tokens in 8 x 8 tiles, 19 query blocks."""
-    errors = _kernel_errors(eager_case("kerple_log", (1, 2, 150, 16)), None, block=8)
+    """More query blocks than a program walks (:data:`CHUNK`): 300 tokens in 16 x 16 tiles, 19 query blocks."""
+    errors = _kernel_errors(eager_case("kerple_log", (1, 2, 300, 16)), None, block=16)
     assert max(errors.values()) < 1e-4, errors
 
 
@@ -104,3 +104,10 @@ def test_cuda_entry_point_with_strided_inputs() -> None:
     expected = table_gradients(case.query, case.key, case.value, output, lse, case.grad_output, bias, scale, None)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g.cpu(), e, rtol=1e-5, atol=1e-5 * e.abs().max().item())
+
+
+@pytest.mark.parametrize("block", [8, 24])
+def test_tiles_narrower_than_16_or_not_a_power_of_two_are_refused(block: int) -> None:
+    case = eager_case("kerple_log", (1, 2, 40, 16))
+    with pytest.raises(ValueError, match=f"block {block}: the tiles are 16, 32 or 64 wide"):
+        _kernel_errors(case, None, block=block)

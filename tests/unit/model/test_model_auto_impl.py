@@ -81,13 +81,14 @@ def test_window_dropout_and_uncompiled_flex_change_the_choice() -> None:
 def test_every_choice_is_supported() -> None:
     """Over every registry entry and setting, auto never picks a kernel that would refuse."""
     settings = itertools.product(
-        positional.names(), ("cuda", "cpu", "mps"), (True, False), (512, LONG), (None, 16), (0.0, 0.1), (True, False)
+        positional.names(), ("cuda", "cpu", "mps"), (True, False), (512, LONG), (None, 16), (0.0, 0.1), (True, False),
+        (True, False),
     )
-    for name, device, training, seq_len, window, dropout, compiled in settings:
+    for name, device, training, seq_len, window, dropout, compiled, layers in settings:
         family = positional.family(name)
         impl = choose_implementation(
             family.kind, device, training, seq_len,
-            window=window, dropout_p=dropout, flex_compiled=compiled,
+            window=window, dropout_p=dropout, flex_compiled=compiled, compiled_layers=layers, learnable=layers,
         )
         assert unsupported_reason(impl, family.kind, device, training) is None, (name, device)
         assert not (impl == "flex" and training and dropout > 0)
@@ -104,6 +105,32 @@ def test_model_resolves_auto_per_mode_and_length() -> None:
     assert uncompiled.resolve_attention_impl("cpu", False, LONG) == "eager"
     fixed = tiny_model("alibi", impl="sdpa")
     assert fixed.resolve_attention_impl("cuda", True, 64) == "sdpa"
+
+
+@pytest.mark.parametrize(("name", "compiled", "want"), [
+    ("kerple_log", False, "sdpa"),  # eager sdpa trains the dense bias (the GPU check's step 4)
+    ("kerple_log", True, "flex"),  # compiled sdpa left kerple_log's masters unchanged on an H200
+    ("rpe", True, "flex"),  # T5's learnable buckets: the same dense-mask gradient
+    ("alibi", True, "sdpa"),  # no parameters: nothing to train through the mask
+    ("none", True, "sdpa"),
+])
+def test_compiled_layers_train_a_learnable_bias_through_flex_on_cuda(name: str, compiled: bool, want: str) -> None:
+    model = tiny_model(name, impl="auto", flex_compile=True)
+    model.compiled_layers = compiled  # what maybe_compile sets
+    assert model.resolve_attention_impl("cuda", True, 512) == want
+    assert model.resolve_attention_impl("cuda", False, 512) == ("flex" if name in ("kerple_log", "rpe", "alibi") else "sdpa")
+    assert model.resolve_attention_impl("cpu", True, 512) in ("sdpa", "eager")  # CPU training has no flex backward
+
+
+def test_maybe_compile_tells_the_model_its_layers_are_compiled() -> None:
+    from types import SimpleNamespace
+
+    from kerple.model import maybe_compile
+
+    model = tiny_model("kerple_log", impl="auto", flex_compile=True)
+    assert model.compiled_layers is False
+    maybe_compile(model, SimpleNamespace(training=SimpleNamespace(compile=True)))
+    assert model.compiled_layers is True and model.resolve_attention_impl("cuda", True, 512) == "flex"
 
 
 @pytest.mark.parametrize("name", ["kerple_log", "kerple_bias_wht", "rotary"])
