@@ -65,3 +65,25 @@ def four_layers(name: str) -> GPTModel:
                                  num_layers=4)
     return GPTModel(num_layers=4, hidden_size=HIDDEN, num_attention_heads=HEADS, padded_vocab_size=VOCAB,
                     positional=embedding, attention_impl="sdpa", flex_compile=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["sdpa", "flex"])
+def test_compiled_layers_give_a_learnable_bias_eagers_gradient_on_cuda(impl: str) -> None:
+    """On an H200 (torch 2.11) kerple_log's fp32 masters did not move over 11 steps of compiled layers
+    through sdpa (docs/gpu-report.md, third lease), while eager sdpa and compiled flex trained them;
+    ``auto`` avoids that path since. This test pins down where the gradient goes missing: one
+    forward and backward in bf16, the compiled model's positional gradients against eager's."""
+    tokens = torch.randint(0, VOCAB, (4, 256), generator=torch.Generator().manual_seed(1)).cuda()
+    labels = torch.roll(tokens, -1, dims=1)
+    eager, compiled = (four_layers("kerple_log").cuda().bfloat16() for _ in range(2))
+    for model in (eager, compiled):
+        model.set_attention(impl)
+    torch._dynamo.reset()
+    maybe_compile(compiled, SimpleNamespace(training=SimpleNamespace(compile=True)))
+    for model in (eager, compiled):
+        model(tokens, labels=labels).backward()
+    for key in ("bias_p", "bias_a"):
+        want, got = (getattr(m.positional, key).grad for m in (eager, compiled))
+        assert got is not None and bool(got.ne(0).any()), f"{impl}: no gradient for {key} in compiled layers"
+        torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.05 * float(want.abs().max()), msg=key)
