@@ -133,7 +133,7 @@ class Decoder(nn.Module):
         (:func:`~kerple.model.lm_loss.linear_cross_entropy`: no full-length logits)."""
         hidden = self.hidden_states(tokens, cache)  # [b, s, h]
         if labels is not None:
-            return linear_cross_entropy(hidden, self.lm_head_weight, labels)
+            return linear_cross_entropy(hidden, self.lm_head_weight, labels, compiled=self.compiled_layers)
         return F.linear(hidden, self.lm_head_weight)
 
     def chunked_loss(

@@ -16,6 +16,12 @@ dtype inside a mixed-precision forward, else ``hidden``'s dtype), the softmax in
 gradient of the logits is rounded to the compute dtype before its matmuls (as the backward of
 ``logits.float()`` does), and the weight's gradient is summed over chunks in fp32.
 
+With ``compiled=True`` (the trainer passes ``training.compile``) the per-chunk work after the
+logits' matmul is one ``torch.compile``\ d function, :func:`chunk_terms`: Inductor turns the row's
+log-sum-exp and the gradient into two passes over the compute-dtype logits, where the eager
+operators make about eight over an fp32 copy (on an H200 the eager ones were 30% of a compiled 162M
+step, docs/gpu-report.md). The same function runs eagerly otherwise: one definition of the math.
+
 Memory: a chunk holds at most ``chunk_tokens x vocab`` x 6 bytes at once in bf16 (its logits in
 fp32, which become the gradient, beside either the bf16 logits or the bf16 gradient), against
 ``tokens x vocab`` x about 14 bytes for the unfused loss and its backward.
@@ -53,21 +59,51 @@ def compute_dtype(tensor: torch.Tensor) -> torch.dtype:
     return tensor.dtype
 
 
+def chunk_terms(logits: torch.Tensor, target: torch.Tensor, share: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(loss [c, 1] fp32, d loss / d logits [c, V] in logits' dtype)`` of one chunk: each row's
+    ``logsumexp - logit[target]`` and ``(softmax - onehot(target)) · share`` (the cross-entropy
+    derivative; ``share [c, 1]``: each token's share of the mean, 0 for an ignored one), in fp32.
+
+    The target's entry is written last from its probability ``exp(-loss)``, so ``p - 1`` is formed
+    in fp32 before rounding (p·share - share in the low dtype would cancel). Eagerly the fp32 copy of
+    the logits becomes the gradient in place (fp32 logits are overwritten: pass the chunk's own)."""
+    dtype = logits.dtype
+    wide = logits.float()
+    del logits  # eagerly, a 16-bit chunk's logits are freed here
+    log_total = torch.logsumexp(wide, dim=1, keepdim=True)  # [c, 1]
+    loss = log_total - wide.gather(1, target)
+    grad = wide.sub_(log_total).exp_().mul_(share).to(dtype)
+    grad.scatter_(1, target, torch.exp(-loss).sub_(1.0).mul_(share).to(dtype))
+    return loss, grad
+
+
+_compiled_chunk_terms: list[Any] = []  # torch.compile(chunk_terms), made on first use
+
+
+def _chunk_terms(compiled: bool) -> Any:
+    if not compiled:
+        return chunk_terms
+    if not _compiled_chunk_terms:
+        _compiled_chunk_terms.append(torch.compile(chunk_terms, dynamic=False))
+    return _compiled_chunk_terms[0]
+
+
 def linear_cross_entropy(
     hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
-    ignore_index: int = IGNORE_INDEX, chunk_tokens: int | None = None,
+    ignore_index: int = IGNORE_INDEX, chunk_tokens: int | None = None, compiled: bool = False,
 ) -> torch.Tensor:
     """Mean cross entropy of ``hidden [..., h] @ weight[V, h]ᵀ`` against ``labels [...]`` (``ignore_index``
     not counted; 0 when every label is ignored), as an fp32 scalar.
 
     With autograd on for ``hidden`` or ``weight``, the gradients are made chunk by chunk in the
     forward pass (module docstring); otherwise only the loss is computed, in the same chunks.
+    ``compiled``: the gradient's per-chunk work through Inductor (module docstring).
     """
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])  # [N, h]
     flat_labels = labels.reshape(-1)  # [N]
     chunk = chunk_tokens or chunk_tokens_for(flat_labels.shape[0], weight.shape[0])
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(flat_hidden, weight, flat_labels, chunk, ignore_index)
+        return _LinearCrossEntropy.apply(flat_hidden, weight, flat_labels, chunk, ignore_index, compiled)
     with torch.no_grad():
         return _forward(flat_hidden, weight, flat_labels, chunk, ignore_index, (False, False))[0]
 
@@ -77,9 +113,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int,
-                ignore_index: int) -> torch.Tensor:
+                ignore_index: int, compiled: bool) -> torch.Tensor:
         wanted = (hidden.requires_grad, weight.requires_grad)
-        loss, grad_hidden, grad_weight = _forward(hidden, weight, labels, chunk, ignore_index, wanted)
+        loss, grad_hidden, grad_weight = _forward(hidden, weight, labels, chunk, ignore_index, wanted, compiled)
         ctx.weight_dtype = weight.dtype
         ctx.save_for_backward(grad_hidden, grad_weight)
         return loss
@@ -91,12 +127,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_hidden = grad_hidden * grad_loss  # a 0-dim factor keeps grad_hidden's dtype
         if grad_weight is not None:
             grad_weight = (grad_weight * grad_loss).to(ctx.weight_dtype)
-        return grad_hidden, grad_weight, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 def _forward(
     hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int, ignore_index: int,
-    wanted: tuple[bool, bool],
+    wanted: tuple[bool, bool], compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """``(loss, d loss / d hidden or None, d loss / d weight in fp32 or None)`` over ``hidden [N, h]``.
 
@@ -116,19 +152,18 @@ def _forward(
         low_weight_t = low_weight.t()  # [h, V]
         grad_hidden = torch.empty_like(low_hidden) if wanted[0] else None  # [N, h]
         grad_weight_t = torch.zeros(low_weight_t.shape, dtype=torch.float32, device=weight.device) if wanted[1] else None
-        splits = [t.split(chunk) for t in (low_hidden, targets, share, -share, losses)]
+        splits = [t.split(chunk) for t in (low_hidden, targets, share, losses)]
         pieces_t = low_hidden.t().split(chunk, dim=1)  # [h, c] each
         grad_hidden_pieces = itertools.repeat(None) if grad_hidden is None else grad_hidden.split(chunk)
-        for piece, target, piece_share, negative_share, piece_losses, piece_t, piece_grad_hidden in zip(
+        terms = _chunk_terms(compiled)
+        for piece, target, piece_share, piece_losses, piece_t, piece_grad_hidden in zip(
                 *splits, pieces_t, grad_hidden_pieces):
-            logits = torch.mm(piece, low_weight_t).float()  # [c, V]
-            log_total = torch.logsumexp(logits, dim=1, keepdim=True)  # [c, 1]
-            torch.sub(log_total, logits.gather(1, target), out=piece_losses)
             if not any(wanted):
+                logits = torch.mm(piece, low_weight_t).float()  # [c, V]
+                torch.sub(torch.logsumexp(logits, dim=1, keepdim=True), logits.gather(1, target), out=piece_losses)
                 continue
-            # softmax - onehot(label), times the token's share of the mean, in the logits' own buffer
-            grad_logits = logits.sub_(log_total).exp_().mul_(piece_share).scatter_add_(1, target, negative_share)
-            grad_logits = grad_logits.to(dtype)
+            piece_loss, grad_logits = terms(torch.mm(piece, low_weight_t), target, piece_share)  # logits [c, V]
+            piece_losses.copy_(piece_loss)
             if piece_grad_hidden is not None:
                 torch.mm(grad_logits, low_weight, out=piece_grad_hidden)  # [c, h]
             if grad_weight_t is not None:

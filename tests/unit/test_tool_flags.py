@@ -47,7 +47,7 @@ CASES = [
     ("benchmarks/long_context.py", ["--warmup=-1"], "--warmup -1: expected at least 0"),
     ("benchmarks/eval_memory.py", ["--max-seconds", "nan"], "--max-seconds nan: expected a finite number"),
     ("benchmarks/host_overhead.py", ["--micro-batch", "1", "0"], "--micro-batch 0: expected at least 1"),
-    ("benchmarks/lm_loss_memory.py", ["--tokens", "0"], "--tokens, --vocab and --hidden must be >= 1"),
+    ("benchmarks/lm_loss_memory.py", ["--tokens", "0"], "--tokens, --vocab, --hidden and --repeats must be >= 1"),
     ("benchmarks/preprocess.py", ["--limit", "-5"], "--limit -5: expected at least 0"),
     ("benchmarks/regular_parity.py", ["--threshold", "1.5"], "--threshold 1.5: expected more than 0 and at most 1"),
     ("benchmarks/regular_seeds.py", ["--seeds", "2", "--expect", "3"], "--expect 3 is more than --seeds 2"),

@@ -55,7 +55,8 @@ def test_inductor_layers_equal_eager_and_share_one_graph(name: str, one_thread) 
     torch.testing.assert_close(compiled(tokens, labels=labels), eager(tokens, labels=labels), rtol=1e-5, atol=1e-6)
     for (key, want), (_, got) in zip(eager.named_parameters(), compiled.named_parameters()):
         torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-6, msg=key)
-    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])  # four layers, at most one recompile
+    # four layers in at most two graphs (one recompile), and the loss's chunk terms in one
+    assert counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])
 
 
 def four_layers(name: str) -> GPTModel:

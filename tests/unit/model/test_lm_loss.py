@@ -115,3 +115,31 @@ def test_model_forward_with_labels_is_the_mean_cross_entropy_of_its_logits() -> 
     plain.backward()
     for (name, fused_param), (_, plain_param) in zip(fused_model.named_parameters(), plain_model.named_parameters()):
         torch.testing.assert_close(fused_param.grad, plain_param.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_compiled_chunk_terms_equal_the_unfused_loss(dtype: torch.dtype, one_thread) -> None:
+    """``compiled=True`` (what ``compile: true`` turns on): the same loss and gradients through Inductor,
+    here on a CPU, against the unfused reference; chunks of 48 over 150 tokens (a last chunk of 6)."""
+    states, weight, labels = inputs(dtype)
+    expected, (grad_states, grad_weight) = loss_and_grads(reference, states, weight, labels, scale=2.5)
+    fused = lambda s, w, y: linear_cross_entropy(s, w, y, chunk_tokens=48, compiled=True)  # noqa: E731
+    loss, (fused_states, fused_weight) = loss_and_grads(fused, states, weight, labels, scale=2.5)
+    tolerance = 1e-5 if dtype == torch.float32 else 2**-7
+    torch.testing.assert_close(loss, expected, rtol=tolerance, atol=tolerance)
+    for fused_grad, grad in ((fused_states, grad_states), (fused_weight, grad_weight)):
+        assert fused_grad.dtype == dtype
+        error = (fused_grad.float() - grad.float()).abs().max() / grad.float().abs().max()
+        assert error < tolerance, error
+
+
+def test_the_target_entry_is_formed_before_rounding() -> None:
+    """A confident bf16 chunk: the target's probability near 1, so its gradient (p - 1)·share is small;
+    rounding p·share and share apart first would leave 0 (p rounds to 1 in bf16)."""
+    from kerple.model.lm_loss import chunk_terms
+
+    logits = torch.tensor([[12.0, 0.0, 0.0, 0.0]], dtype=torch.bfloat16)
+    share = torch.tensor([[0.37]])
+    _, grad = chunk_terms(logits.clone(), torch.tensor([[0]]), share)
+    exact = (torch.softmax(logits.double(), 1)[0, 0] - 1) * 0.37
+    assert abs(grad[0, 0].double() - exact) <= abs(exact) * 0.05  # fp32's lse - logit leaves ~2% here
