@@ -36,11 +36,14 @@ import torch
 
 IGNORE_INDEX = -100
 
-# fp32 log-probabilities held per chunk at most. Each chunk costs a dozen kernel launches, so the
-# budget trades memory for launches: at a 50,304-word vocabulary a 162M step of 32 x 512 tokens runs
-# in 4 chunks of 4,096 positions (824 MB of fp32 log-probabilities, 1.2 GB with the bf16 logits or
-# gradient beside them), a micro-batch of 512 tokens in one.
-CHUNK_BYTES = 2**30
+# fp32 logits held per chunk at most. Each chunk costs about twenty kernel launches eagerly, a few
+# compiled, so the budget trades memory for launches: at a 50,304-word vocabulary a 162M step of
+# 32 x 512 tokens runs in 13 chunks of 1,261 positions (254 MB of fp32 logits, 380 MB with the bf16
+# gradient beside them), a micro-batch of 512 tokens in 1. At 1 GiB (4 chunks) the loss held
+# 1.2 GB where the forward's activations are all alive, the likely peak of a step; the ~180 extra
+# launches cost about 1 ms of host time, inside the ~10 ms by which the host now finishes a 162M
+# step before the device (docs/gpu-report.md, third lease).
+CHUNK_BYTES = 2**28
 
 
 def chunk_tokens_for(tokens: int, vocab: int, budget: int = CHUNK_BYTES) -> int:

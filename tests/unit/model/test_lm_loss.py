@@ -97,7 +97,8 @@ def test_no_allocation_holds_more_than_one_chunk_of_logits() -> None:
 
 
 def test_chunks_are_equal_and_within_the_budget() -> None:
-    assert chunk_tokens_for(16384, 50304) == 4096  # 1 GiB / (4 B x 50,304) = 5,336 at most: 4 chunks
+    assert chunk_tokens_for(16384, 50304) == 1261  # 256 MiB / (4 B x 50,304) = 1,334 at most: 13 chunks
+    assert chunk_tokens_for(16384, 50304, budget=2**30) == 4096  # 5,336 at most: 4 chunks
     assert chunk_tokens_for(512, 50304) == 512
     assert chunk_tokens_for(100, 50304, budget=2**20) == 5 and chunk_tokens_for(3, 10**9) == 1
     assert chunk_tokens_for(11, 10, budget=4 * 10 * 4) == 4  # at most 4: 3 chunks, of 4, 4 and 3
