@@ -19,6 +19,8 @@ order, median; CUDA synchronised around each call):
   (``kerple/model/bias_gradient.py``, torch on a CPU), carried by autograd to the parameters;
 * CUDA ``flex, captured gradient``: compiled FlexAttention with the closed form, its backward scattering
   the parameters' gradient with atomic adds (``separate_gradient=False``);
+* CUDA ``sdpa (cuDNN), dense bias``: the same mask through the cuDNN backend, where it takes one and
+  returns its gradient (else left out with a note);
 * CUDA ``flex, detached``: the same kernel with the term detached and no parameter gradient (the
   floor of the next row);
 * CUDA ``flex + reduction``: the model's path: detached term, log-sum-exp, and the Triton reduction
@@ -160,7 +162,40 @@ def cuda_variants(embedding: positional.PositionalEmbedding, tensors: list[torch
         return run
 
     variants = {"flex, captured gradient": flex(False, False)} if captured else {}
-    return {**variants, "flex, detached": flex(False, True), "flex + reduction": flex(True, False)}
+    return {**variants, **_cudnn_dense(embedding, tensors), "flex, detached": flex(False, True),
+            "flex + reduction": flex(True, False)}
+
+
+def _cudnn_dense(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor]) -> dict[str, Variant]:
+    """``sdpa (cuDNN), dense bias``: the dense mask through PyTorch's cuDNN attention backend (``none``'s
+    kernel on an H100/H200, where ``auto``'s dense bias gets the slower memory-efficient one), kept
+    only where that backend takes the mask and returns the tables a gradient (a note says otherwise)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v, upstream = tensors
+    length = q.shape[-2]
+    bias, scale = embedding.distance_tables(length, q.device)
+    if bias is None or scale is not None:
+        return {}
+
+    def run() -> torch.Tensor | None:
+        query, key, value = (t.detach().requires_grad_() for t in (q, k, v))
+        table = embedding.distance_tables(length, q.device)[0]
+        table.retain_grad()
+        mask = diagonal_gather(_diagonals(table, length), length, length)[None].to(q.dtype)
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            F.scaled_dot_product_attention(query, key, value, attn_mask=mask).backward(upstream)
+        return table.grad
+
+    try:
+        gradient = run()
+    except RuntimeError as error:
+        print(f"sdpa (cuDNN), dense bias: left out ({str(error).splitlines()[0][:160]})")
+        return {}
+    if gradient is None or not bool(gradient.ne(0).any()):
+        print("sdpa (cuDNN), dense bias: left out (the backend gave the bias no gradient)")
+        return {}
+    return {"sdpa (cuDNN), dense bias": lambda: run() and None}
 
 
 def _table_term(embedding: positional.PositionalEmbedding, length: int, dtype: torch.dtype) -> LogitTerm | None:
