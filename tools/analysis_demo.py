@@ -1,5 +1,4 @@
-"""`make analysis-demo` (kerple/jobs/analysis_demo.py);
-run from the repository root with kerple installed (`make install`) or with PYTHONPATH=."""
+"""`make analysis-demo` (kerple/jobs/analysis_demo.py); run from the repository root with kerple installed or PYTHONPATH=."""
 
 import sys
 

@@ -1,5 +1,4 @@
-"""`make demo` (kerple/jobs/demo.py);
-run from the repository root with kerple installed (`make install`) or with PYTHONPATH=."""
+"""`make demo` (kerple/jobs/demo.py); run from the repository root with kerple installed or PYTHONPATH=."""
 
 import sys
 

@@ -1,5 +1,4 @@
-"""`make demo-extension` (kerple/jobs/demo_extension.py);
-run from the repository root with kerple installed (`make install`) or with PYTHONPATH=."""
+"""`make demo-extension` (kerple/jobs/demo_extension.py); run from the repository root with kerple installed or PYTHONPATH=."""
 
 import sys
 

@@ -1,5 +1,4 @@
-"""`make gpu-check` (kerple/jobs/gpu_check/runner.py);
-run from the repository root with kerple installed (`make install`) or with PYTHONPATH=."""
+"""`make gpu-check` (kerple/jobs/gpu_check/runner.py); run from the repository root with kerple installed or PYTHONPATH=."""
 
 import sys
 

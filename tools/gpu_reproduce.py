@@ -1,5 +1,4 @@
-"""`make gpu-reproduce` (kerple/reproduce/cli.py);
-run from the repository root with kerple installed (`make install`) or with PYTHONPATH=."""
+"""`make gpu-reproduce` (kerple/reproduce/cli.py); run from the repository root with kerple installed or PYTHONPATH=."""
 
 import sys
 

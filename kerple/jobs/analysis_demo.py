@@ -1,20 +1,11 @@
 """`make analysis-demo`: why the demo's models extrapolate, with ``analyze.py`` (thesis §2.3, §4.5, ch. 5).
 
-On the checkpoints of ``make demo`` (``runs/demo/<pos_emb>/``), at 8x the train length unless told:
-
-1. ``receptive-field`` for every embedding: the empirical receptive field beside its perplexity (§4.5.1);
-2. ``align-temperature`` (both modes) for KERPLE-log, ALiBi and T5: P_max and entropy at 1x and 8x
-   and the temperature of Algorithm 1;
-3. ``retrieval`` (passkey) for the same models without a temperature, with ``log`` (§5.5) and with
-   the P_max-aligned temperature;
-4. ``nope-variance`` of a random NoPE model against Lemma 2.3 (§2.3);
-5. with ``--table41``, thesis Table 4.1 at the demo's scale: it trains ALiBi with slope shifts
-   Δ ∈ {-3, 4, 8} (Δ = 0 is the demo's ALiBi) and NoPE with attention windows w ∈ {8, 16, 32, 64}
-   (2 layers: theoretical receptive field 2(w-1)+1 against the train length 64), then measures
-   their perplexity and receptive field (§4.4-4.5). A few more minutes.
-
-Outputs under ``results/analysis/``: each command's JSON and PNG, ``receptive_field.png`` (all
-embeddings in one plot) and ``summary.md``/``summary.json`` (the numbers of the README section).
+On ``make demo``'s checkpoints, at 8x the train length unless told: ``receptive-field`` for every
+embedding (§4.5.1); ``align-temperature`` (P_max and entropy, Algorithm 1) and passkey ``retrieval``
+(τ = 1, log (§5.5), the P_max-aligned τ) for KERPLE-log, ALiBi and T5; ``nope-variance`` of a random NoPE
+model against Lemma 2.3 (§2.3); with ``--table41``, thesis Table 4.1 at the demo's scale (ALiBi slope
+shifts, NoPE attention windows, trained here; §4.4-4.5). Each command's JSON and PNG and the summary
+(``summary.md``, ``summary.json``) go to ``results/analysis/``; docs/analysis.md reads them.
 """
 
 from __future__ import annotations
@@ -24,11 +15,12 @@ import json
 import os
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 from kerple.analysis.errors import AnalysisError
-from kerple.errors import entry_point, future_result, load_modules
+from kerple.errors import entry_point, load_modules
 from kerple.flags import AT_LEAST_1, check_flags
 from kerple.jobs import demo_runs
 from kerple.jobs.demo_runs import ROOT, DemoData, evaluate_command, finished
@@ -99,12 +91,12 @@ def analyze(command: list[str]) -> None:
     outcome.check(f"analyze.py {command[0]}")
 
 
-def perplexities(results_dir: Path, name: str) -> dict[int, float]:
+def perplexities(results_dir: Path, name: str) -> dict[str, float]:
     """Perplexity by length from ``make demo``'s ``results/demo/<name>.json`` (empty if absent)."""
     path = results_dir / f"{name}.json"
     if not path.is_file():
         return {}
-    return {row["length"]: row["ppl"] for row in json.loads(path.read_text())["results"]}
+    return {str(row["length"]): row["ppl"] for row in json.loads(path.read_text())["results"]}
 
 
 def summary_table(summary: dict[str, Any], train_length: int, length: int) -> str:
@@ -145,6 +137,15 @@ def summary_table(summary: dict[str, Any], train_length: int, length: int) -> st
     return "\n".join(lines) + "\n"
 
 
+def receptive_field(words: list[str], label: str, output: Path, length: int, sequences: int,
+                    train_length: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``receptive-field`` of one model: its curve, its ERF and its gradient share within the train length."""
+    analyze(["receptive-field", *words, "--length", str(length), "--num-sequences", str(sequences),
+             "--labels", label, "--output", str(output)])
+    run = json.loads(output.read_text())["runs"][label]
+    return run, {"erf": run["erf"], "share_in_train_length": run["cumulative"][train_length - 1]}
+
+
 def receptive_fields(common: dict[str, list[str]], options: argparse.Namespace, args: argparse.Namespace,
                      out: Path, length: int) -> dict[str, Any]:
     """``receptive-field`` for every embedding, one plot of all; ERF, share within the train length, ppl."""
@@ -153,13 +154,9 @@ def receptive_fields(common: dict[str, list[str]], options: argparse.Namespace, 
 
     runs, summary = {}, {}
     for name, words in common.items():
-        output = out / f"receptive_field_{name}.json"
-        analyze(["receptive-field", *words, "--length", str(length), "--num-sequences",
-                 str(options.num_sequences), "--labels", name, "--output", str(output)])
-        runs[name] = json.loads(output.read_text())["runs"][name]
-        ppl = {str(k): v for k, v in perplexities(ROOT / args.results, name).items()}
-        share = runs[name]["cumulative"][args.train_length - 1]
-        summary[name] = {"erf": runs[name]["erf"], "share_in_train_length": share, "ppl": ppl}
+        runs[name], summary[name] = receptive_field(words, name, out / f"receptive_field_{name}.json", length,
+                                                    options.num_sequences, args.train_length)
+        summary[name]["ppl"] = perplexities(ROOT / args.results, name)
     title = f"Demo models: cumulative normalized gradient, L = {length}"
     save_figure(plot_receptive_fields(runs, args.train_length, title), out / "receptive_field.png")
     return summary
@@ -206,30 +203,19 @@ def variant_args(variant: str, args: argparse.Namespace, data: DemoData) -> list
 def table41(args: argparse.Namespace, data: DemoData, out: Path, length: int,
             summary: dict[str, Any]) -> dict[str, Any]:
     """Train the variants (unless finished, two at a time), then perplexity at 1x-8x and the receptive field."""
-    from concurrent.futures import ThreadPoolExecutor
-
     words = {variant: variant_args(variant, args, data) for variant in TABLE_4_1}
     todo = [v for v in TABLE_4_1 if not finished(ROOT / f"{args.runs}-table41" / v, args.steps)]
-    runner = demo_runs.Runner(total_steps=args.steps * len(todo), threads=1)
-    try:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            for future in [pool.submit(runner.run, v, [[sys.executable, "train.py", *words[v]]]) for v in todo]:
-                future_result(future)
-    finally:
-        runner.close()
+    with closing(demo_runs.Runner(total_steps=args.steps * len(todo), threads=1)) as runner:
+        runner.run_many({v: [[sys.executable, "train.py", *words[v]]] for v in todo}, workers=2)
     lengths = [args.train_length * f for f in (1, 2, 4, 8) if args.train_length * f <= length]
     rows = {"alibi-shift0": {**summary["receptive_field"].get("alibi", {})}}
     for variant in TABLE_4_1:
         output = out / f"table41_{variant}_ppl.json"
         run_child(evaluate_command(words[variant], output, lengths, args.num_tokens), capture=True,
                   session=False).check(f"evaluate.py of {variant}")
-        ppl = {str(r["length"]): r["ppl"] for r in json.loads(output.read_text())["results"]}
-        rf = out / f"table41_{variant}_rf.json"
-        analyze(["receptive-field", *words[variant], "--length", str(length), "--num-sequences", "8",
-                 "--labels", variant, "--output", str(rf)])
-        run = json.loads(rf.read_text())["runs"][variant]
-        rows[variant] = {"erf": run["erf"], "share_in_train_length": run["cumulative"][args.train_length - 1],
-                         "ppl": ppl}
+        _, rows[variant] = receptive_field(words[variant], variant, out / f"table41_{variant}_rf.json", length, 8,
+                                           args.train_length)
+        rows[variant]["ppl"] = perplexities(out, f"table41_{variant}_ppl")
     return rows
 
 

@@ -1,19 +1,13 @@
 """`make demo`: the KERPLE paper's extrapolation story in minutes on a CPU, with embedded data.
 
-1. prepares the Python standard library as a corpus (``prepare_data.py stdlib``) with a byte-level
-   BPE trained on it (why not the 20B tokenizer is measured and printed);
-2. trains a tiny model (2 layers, width 128, train length 64) for each positional embedding with
-   ``train.py``: KERPLE's paper's set, Sandwich, and three that came after KERPLE (FIRE, CABLE, xPos);
-3. evaluates each with ``evaluate.py`` at 1x, 2x, 4x, 8x and 16x the train length (non-overlapping
-   windows, the same scored tokens at every length; KERPLE §5.2), plus KERPLE-log with attention
-   windowed to the train length (§5.5), and the rotary model zero-shot with Position Interpolation,
-   dynamic NTK and YaRN (its run-time scaling option; ``make demo-extension`` also fine-tunes them);
-4. prints the Table-3-style table and checks the paper's qualitative result; writes the figures
-   (perplexity vs length, position-wise perplexity, learned kernels, effective lengths).
-
-Outputs: ``runs/demo/<pos_emb>/`` (checkpoints, logs), ``results/demo/`` (results JSON, table, PNGs).
-A second run reuses the prepared data and finished checkpoints. The runs, the data and the commands
-the three demos share: :mod:`kerple.jobs.demo_runs`.
+Prepares the Python standard library as a corpus with a byte-level BPE trained on it (why not the 20B
+tokenizer is measured and printed); trains a tiny model (2 layers, width 128, train length 64) per
+positional embedding; evaluates each at 1x-16x the train length (non-overlapping windows, the same
+scored tokens at every length; KERPLE §5.2), KERPLE-log also with attention windowed to the train length
+(§5.5) and rotary also zero-shot with PI, dynamic NTK and YaRN (``make demo-extension`` fine-tunes them);
+prints the Table-3-style table, checks the paper's qualitative result and draws the figures. Outputs:
+``runs/demo/<pos_emb>/`` and ``results/demo/``; a second run reuses the data and finished checkpoints.
+What the three demos share: :mod:`kerple.jobs.demo_runs`.
 """
 
 from __future__ import annotations
@@ -22,10 +16,10 @@ import argparse
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from pathlib import Path
 
-from kerple.errors import entry_point, future_result, load_modules
+from kerple.errors import entry_point, load_modules
 from kerple.jobs.demo_runs import (FACTORS, PYTHON, ROOT, DemoData, Runner, config_args, evaluate_command, finished,
                                    parse_args, prepare_data, scaling_override, set_aside_stale_runs)
 
@@ -146,15 +140,13 @@ def figures(args: argparse.Namespace, data: DemoData, names: list[str]) -> list[
 
 def qualitative_check(args: argparse.Namespace, names: list[str]) -> bool:
     """The paper's story: KERPLE-log flat or better with length; sinusoidal and rotary degrade."""
-    ppl = {}
-    for name in names:
-        path = ROOT / args.results / f"{name}.json"
-        ppl[name] = {r["length"] // args.train_length: r["ppl"] for r in json.loads(path.read_text())["results"]}
     expectations = (("kerple_log", 16, "stays flat or improves", 1.05), ("sinusoidal", 8, "degrades", 2.0),
                     ("rotary", 16, "degrades", 1.1))
     ok = True
-    for name, factor, story, bound in [e for e in expectations if e[0] in ppl]:
-        ratio = ppl[name][factor] / ppl[name][1]
+    for name, factor, story, bound in [e for e in expectations if e[0] in names]:
+        rows = json.loads((ROOT / args.results / f"{name}.json").read_text())["results"]
+        ppl = {r["length"] // args.train_length: r["ppl"] for r in rows}
+        ratio = ppl[factor] / ppl[1]
         flat = name == "kerple_log"
         passed = ratio <= bound if flat else ratio >= bound
         shown = f"{ratio:.3f}" if flat else f"{ratio:.2f}"
@@ -182,14 +174,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{data.valid_tokens:,} validation tokens)", flush=True)
 
     set_aside_stale_runs(args, data, names)
-    runner = Runner(total_steps=sum(0 if finished(ROOT / args.runs / n, args.steps) else args.steps for n in names),
-                    threads=threads)
-    try:
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for future in [pool.submit(runner.run, n, commands_for(n, args, data)) for n in names]:
-                future_result(future)
-    finally:
-        runner.close()
+    steps = sum(0 if finished(ROOT / args.runs / n, args.steps) else args.steps for n in names)
+    with closing(Runner(total_steps=steps, threads=threads)) as runner:
+        runner.run_many({n: commands_for(n, args, data) for n in names}, args.jobs)
     trained = time.perf_counter()
 
     from kerple.evaluation.compare import compare

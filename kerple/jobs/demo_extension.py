@@ -14,6 +14,7 @@ import argparse
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from typing import Any
 
 from kerple.errors import entry_point, future_result, load_modules
@@ -76,10 +77,9 @@ def run_one(name: str, pos_emb: str, method: str | None, args: argparse.Namespac
     arguments = finetune_arguments(name, pos_emb, method, args, demo_args, data)
     run_dir = ROOT / args.finetune_runs / name
     timing = run_dir / "finetune_seconds.json"  # kept beside the run, so a reused run still shows its cost
-    if finished(run_dir, args.steps):
-        changes = demo_runs.changed_keys(run_dir / f"global_step{args.steps}" / "configs" / "resolved.yml", arguments)
-        if changes:  # fine-tuned with another --factor, --lr, ...: again
-            demo_runs.set_aside(run_dir, changes)
+    resolved = run_dir / f"global_step{args.steps}" / "configs" / "resolved.yml"
+    if finished(run_dir, args.steps) and (changes := demo_runs.changed_keys(resolved, arguments)):
+        demo_runs.set_aside(run_dir, changes)  # fine-tuned with another --factor, --lr, ...: again
     if not finished(run_dir, args.steps):
         started = time.perf_counter()
         runner.run(f"{name} fine-tune", [[PYTHON, "train.py", *arguments]])
@@ -126,19 +126,14 @@ def run_all(args: argparse.Namespace, demo_args: argparse.Namespace, data: DemoD
     """The base models still missing, every model before fine-tuning, then fine-tuned; the seconds each took."""
     bases = sorted({pos_emb for _, pos_emb, _ in FINETUNED})
     demo_runs.set_aside_stale_runs(demo_args, data, bases)  # trained for other steps or with another config: again
-    runner = demo_runs.Runner(total_steps=len(FINETUNED) * args.steps, threads=1)
-    try:
+    with closing(demo_runs.Runner(total_steps=len(FINETUNED) * args.steps, threads=1)) as runner:
+        runner.run_many({name: commands_for(name, demo_args, data) for name in bases
+                         if not finished(ROOT / demo_args.runs / name, demo_args.steps)}, demo_args.jobs)
+        runner.run_many({f"{name} before": [before_command(name, *how, args, demo_args, data)]
+                         for name, *how in FINETUNED}, demo_args.jobs)
         with ThreadPoolExecutor(max_workers=demo_args.jobs) as pool:
-            for future in [pool.submit(runner.run, name, commands_for(name, demo_args, data)) for name in bases
-                           if not finished(ROOT / demo_args.runs / name, demo_args.steps)]:
-                future_result(future)
-            for future in [pool.submit(runner.run, f"{name} before", [before_command(name, *how, args, demo_args, data)])
-                           for name, *how in FINETUNED]:
-                future_result(future)
             jobs = {name: pool.submit(run_one, name, *how, args, demo_args, data, runner) for name, *how in FINETUNED}
             return {name: future_result(job) for name, job in jobs.items()}
-    finally:
-        runner.close()
 
 
 @entry_point("demo_extension.py")

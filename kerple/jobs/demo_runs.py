@@ -13,12 +13,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kerple.errors import UsageError
-from kerple.flags import AT_LEAST_1, POSITIVE, Bounds, check_flags, check_unique
+from kerple.errors import future_result
+from kerple.flags import AT_LEAST_1, POSITIVE, Bounds, check_flags, name_list
 from kerple.jobs.process import REPO as ROOT
 from kerple.jobs.process import run_child
 from kerple.jobs.progress import MetricsFollower
@@ -61,22 +62,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--results", default="results/demo")
     args = parser.parse_args(argv)
     check_flags(args, FLAG_BOUNDS)
-    args.names = pos_emb_names(args.pos_emb)
+    known = sorted(path.stem for path in (ROOT / "configs" / "pe").glob("*.yml"))
+    args.names = name_list("--pos-emb", args.pos_emb, known)
     args.data_dir = args.data_dir or f"data/demo-bpe{args.vocab}"
     return args
-
-
-def pos_emb_names(text: str) -> list[str]:
-    """``--pos-emb``'s comma-separated names, each a ``configs/pe/<name>.yml``, each once."""
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    known = sorted(path.stem for path in (ROOT / "configs" / "pe").glob("*.yml"))
-    if not names:
-        raise UsageError(f"--pos-emb {text!r}: name at least one embedding, e.g. kerple_log,alibi")
-    for name in names:
-        if name not in known:
-            raise UsageError(f"--pos-emb: no configs/pe/{name}.yml; choose among {', '.join(known)}")
-    check_unique("--pos-emb", names)
-    return names
 
 
 def info_file(args: argparse.Namespace) -> Path:
@@ -253,6 +242,12 @@ class Runner:
             outcome = run_child(command, on_line=show, on_tick=advance if follower else None, session=False,
                                 env=self.env)
             outcome.check(f"[{name}] {Path(command[1]).name}")
+
+    def run_many(self, jobs: dict[str, list[list[str]]], workers: int) -> None:
+        """Each model's commands (``name -> commands``), ``workers`` models side by side."""
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for future in [pool.submit(self.run, name, commands) for name, commands in jobs.items()]:
+                future_result(future)
 
     def close(self) -> None:
         self.bar.close()

@@ -119,7 +119,7 @@ def run_child(
     command: Sequence[Any], *, log_path: Path | None = None, on_line: Callable[[str], None] | None = None,
     capture: bool | None = None, stop: StopRequest | None = None, deadline: float | None = None, margin: float = 0.0,
     grace: float = 60.0, stop_signal: int | None = signal.SIGTERM, session: bool = True,
-    on_tick: Callable[[], None] | None = None, env: dict[str, str] | None = None, cwd: Path = REPO,
+    on_tick: Callable[[], None] | None = None, env: dict[str, str] | None = None,
 ) -> Outcome:
     """Run ``command`` until it exits. Its output (stderr merged) goes to ``log_path`` and ``on_line``
     when either is given, or ``capture`` is true (kept in the tail only), else to this process's
@@ -132,7 +132,7 @@ def run_child(
     started, tail = time.monotonic(), deque(maxlen=TAIL_LINES)
     process = subprocess.Popen(list(map(str, command)), stdout=subprocess.PIPE if piped else None,
                                stderr=subprocess.STDOUT if piped else None, text=True, bufsize=1, errors="replace",
-                               env=env, cwd=cwd, start_new_session=session)
+                               env=env, cwd=REPO, start_new_session=session)
     reader = _reader(process, log_path, tail, on_line) if piped else None
     outcome, asked_at = Outcome(returncode=0, seconds=0.0), None
     try:

@@ -1,13 +1,5 @@
 """Where a training run stands, read from its ``<log_dir>/metrics.jsonl`` (the trainer's own record,
-:mod:`kerple.training.monitor`), never from the lines it prints.
-
-:class:`MetricsFollower` reads the records a run appends while it trains. :class:`Progress` is the
-reproduction's line: the steps of every run, the speed and the time still needed. The remaining time
-counts the steps left in every run at the current run's step time, plus one evaluation per run not
-yet evaluated at the mean of the evaluations measured so far. Start-up, compilation and checkpoint
-writing of later chunks are not in it, so it is a lower bound for the wall time and a fair estimate
-for GPU time.
-"""
+:mod:`kerple.training.monitor`), never from the lines it prints."""
 
 from __future__ import annotations
 
@@ -54,7 +46,9 @@ class MetricsFollower:
 
 @dataclass
 class Progress:
-    """Training steps done per run, the latest step time, and measured evaluation times."""
+    """The reproduction's progress line: training steps done per run, the latest step time, and measured
+    evaluation times. Start-up, compilation and later chunks' checkpoint writing are not in its remaining
+    time, so that is a lower bound for the wall time and a fair estimate for GPU time."""
 
     steps: int
     pos_embs: tuple[str, ...]
@@ -81,7 +75,8 @@ class Progress:
         return True
 
     def remaining_seconds(self) -> float | None:
-        """Training plus evaluation time still needed; ``None`` before any step time is known."""
+        """The steps left in every run at the current step time, plus one evaluation per run not yet
+        evaluated at the mean of those measured; ``None`` before any step time is known."""
         if self.seconds_per_step is None:
             return None
         steps_left = sum(self.steps - min(self.done.get(name, 0), self.steps) for name in self.pos_embs)

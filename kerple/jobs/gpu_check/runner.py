@@ -1,10 +1,5 @@
 """``make gpu-check``: runs the GPU check's steps in order and keeps the report current after each one.
 
-    python tools/gpu_check.py                    # every step on the CUDA GPU (refused without one)
-    python tools/gpu_check.py --steps 3,4        # some steps, merged into the existing report
-    python tools/gpu_check.py --device cpu --output /tmp/report   # the harness's own CPU run
-    python tools/gpu_check.py --profile --output out/profile       # where a 162M step's time goes (150 s)
-
 Each step runs in its own Python process by default: a step that crashes, hangs or exhausts the GPU
 cannot take the next ones with it, and every step starts with an empty GPU and compile cache. The
 step process writes its result (atomically, after every case) to ``<work>/step<N>.json``; when it
@@ -26,7 +21,8 @@ import time
 import traceback
 from pathlib import Path
 
-from kerple.errors import entry_point
+from kerple.errors import UsageError, entry_point
+from kerple.flags import POSITIVE, check_flags
 from kerple.jobs.gpu_check import STEP_MODULES
 from kerple.jobs.gpu_check import report as reports
 from kerple.jobs.gpu_check.context import KILL_GRACE_S, REPO, SCALES, Skip, StepContext
@@ -41,15 +37,24 @@ def step_module(number: int):  # type: ignore[no-untyped-def]
     return importlib.import_module(f"kerple.jobs.gpu_check.{STEP_MODULES[number]}")
 
 
-def run_step_here(number: int, device: str, scale: str, work: Path, budget: float,
-                  save=lambda result: None) -> StepResult:  # type: ignore[no-untyped-def]
-    """Run step ``number`` in this process; any exception becomes a failed result."""
+def run_step_here(number: int, args: argparse.Namespace, budget: float) -> StepResult:
+    """Run step ``number`` in this process; any exception becomes a failed result. The result goes to
+    ``<work>/step<N>.json`` and is merged into the report after every case (report.json and report.md:
+    a run killed from outside keeps what it finished)."""
     import torch
+
+    from kerple.atomic import write_json_atomic
+
+    env = reports.environment(os.environ.get("DS_ACCELERATOR", "cpu"))
+
+    def save(result: StepResult) -> None:
+        write_json_atomic(args.work / f"step{number}.json", result.to_dict())
+        reports.write(args.output, reports.merge(reports.load(args.output / "report.json"), result, env))
 
     module = step_module(number)
     result = StepResult(number, module.NAME, budget_seconds=budget)
     started = time.monotonic()
-    ctx = StepContext(torch.device(device), SCALES[scale], work, result, started + budget, save)
+    ctx = StepContext(torch.device(args.device), SCALES[args.scale], args.work, result, started + budget, save)
     try:
         module.run(ctx)
     except Skip as reason:
@@ -60,21 +65,6 @@ def run_step_here(number: int, device: str, scale: str, work: Path, budget: floa
     result.seconds = time.monotonic() - started
     save(result)
     return result
-
-
-def _save_to(path: Path, output: Path | None = None):  # type: ignore[no-untyped-def]
-    """A ``save`` writing the step's result to ``path`` and, with ``output``, merging it into the report
-    there (report.json and report.md after every case: a run killed from outside keeps what it finished)."""
-    env = reports.environment(os.environ.get("DS_ACCELERATOR", "cpu")) if output is not None else {}
-
-    def save(result: StepResult) -> None:
-        from kerple.atomic import write_json_atomic
-
-        write_json_atomic(path, result.to_dict())
-        if output is not None:
-            reports.write(output, reports.merge(reports.load(output / "report.json"), result, env))
-
-    return save
 
 
 def run_step_isolated(number: int, args: argparse.Namespace, budget: float) -> StepResult:
@@ -97,15 +87,14 @@ def run_step_isolated(number: int, args: argparse.Namespace, budget: float) -> S
     return result
 
 
-def parse_steps(text: str, default: tuple[int, ...] | None = None) -> list[int]:
-    """``"3,4"`` -> [3, 4]; empty or ``all`` -> ``default`` (every step when ``None``). Raises
-    ``ValueError`` naming a bad entry."""
+def parse_steps(text: str, default: tuple[int, ...]) -> list[int]:
+    """``"3,4"`` -> [3, 4]; empty or ``all`` -> ``default``."""
     if text.strip().lower() in ("", "all"):
-        return sorted(default or STEP_MODULES)
+        return sorted(default)
     steps = []
     for part in text.split(","):
         if not part.strip().isdigit() or int(part) not in STEP_MODULES:
-            raise ValueError(f"unknown step {part.strip()!r} in STEPS={text!r}; steps are 1-{max(STEP_MODULES)}")
+            raise UsageError(f"unknown step {part.strip()!r} in STEPS={text!r}; steps are 1-{max(STEP_MODULES)}")
         steps.append(int(part))
     return sorted(set(steps))
 
@@ -134,11 +123,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--in-process", action="store_true", help="run the steps in this process")
     parser.add_argument("--worker-step", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for flag in ("--budget", "--total-budget"):  # seconds: finite, more than 0
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None and not 0 < value < float("inf"):
-            parser.error(f"{flag} {value}: expected a finite number of seconds more than 0")
-    if args.device == "auto":
+    check_flags(args, {"--budget": POSITIVE, "--total-budget": POSITIVE})
+    if args.device != "cpu":
         import torch
 
         if not torch.cuda.is_available():
@@ -150,26 +136,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.scale == "auto":
         mode = "quick" if args.quick else "profile" if args.profile else "full"
         args.scale = mode if args.device == "cuda" else {"full": "tiny"}.get(mode, f"tiny-{mode}")
-    args.work = args.work or default_work(args.output)
+    # one scratch folder per report folder: checks of two reports never share scratch files
+    args.work = args.work or WORK / hashlib.sha1(str(args.output.resolve()).encode()).hexdigest()[:12]
+    if args.worker_step is None:
+        args.steps = parse_steps(args.steps, SCALES[args.scale].steps)
     return args
 
 
-def default_work(output: Path) -> Path:
-    """Scratch folder of a report folder: under :data:`WORK`, one per report (checks of two reports
-    never share scratch files)."""
-    return WORK / hashlib.sha1(str(output.resolve()).encode()).hexdigest()[:12]
-
-
-def install_wheels(site: Path = SITE) -> list[str]:
-    """Install what this interpreter lacks (or has too old) from ``.whl/`` into ``site``, offline
-    (``tools/gpu_wheels.py install``), and put ``site`` first on the steps' ``PYTHONPATH`` (the steps
+def install_wheels() -> list[str]:
+    """Install what this interpreter lacks (or has too old) from ``.whl/`` into :data:`SITE`, offline
+    (``tools/gpu_wheels.py install``), and put it first on the steps' ``PYTHONPATH`` (the steps
     run in child processes; ``--in-process`` runs without it). Returns notes for the report. Nothing
     here stops the check: a step that needs a distribution still missing reports that itself."""
-    outcome = run_child([sys.executable, REPO / "tools" / "gpu_wheels.py", "install", site], capture=True)
+    outcome = run_child([sys.executable, REPO / "tools" / "gpu_wheels.py", "install", SITE], capture=True)
     if outcome.returncode not in (0, 1):  # 1: some distributions have no wheel, said in its output
-        return [f"installing .whl/ into {site} failed: {outcome.last_line()}"]
-    if site.is_dir():
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+        return [f"installing .whl/ into {SITE} failed: {outcome.last_line()}"]
+    if SITE.is_dir():
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH")]))
     return [line for line in outcome.tail if line.strip() and not line.endswith("nothing (all present)")]
 
 
@@ -180,25 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     # processes (steps, pytest, evaluation workers) import this checkout's kerple
     os.environ["DS_ACCELERATOR"] = "cuda" if args.device == "cuda" else "cpu"
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            print("gpu_check.py: error: --device cuda but torch sees no CUDA device", file=sys.stderr)
-            return 2
     args.work.mkdir(parents=True, exist_ok=True)
     if args.worker_step is not None:
-        save = _save_to(args.work / f"step{args.worker_step}.json", args.output)
-        run_step_here(args.worker_step, args.device, args.scale, args.work, args.budget, save)
+        run_step_here(args.worker_step, args, args.budget)
         return 0
-    try:
-        steps = parse_steps(args.steps, SCALES[args.scale].steps)
-    except ValueError as error:
-        print(f"gpu_check.py: error: {error}", file=sys.stderr)
-        return 2
     for note in install_wheels():
         print(f"gpu check: {note}", flush=True)
-    return run_all(args, steps)
+    return run_all(args, args.steps)
 
 
 def run_all(args: argparse.Namespace, steps: list[int]) -> int:
@@ -213,8 +184,7 @@ def run_all(args: argparse.Namespace, steps: list[int]) -> int:
             result = StepResult(number, step_module(number).NAME, status="skipped",
                                 reason="the whole check's time budget was used up by earlier steps")
         elif args.in_process:
-            save = _save_to(args.work / f"step{number}.json", args.output)
-            result = run_step_here(number, args.device, args.scale, args.work, budget, save)
+            result = run_step_here(number, args, budget)
         else:
             result = run_step_isolated(number, args, budget)
         report = reports.merge(report, result, env)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,21 @@ def test_the_bar_follows_metrics_jsonl_not_the_printed_lines(tmp_path: Path, cap
     assert "[alibi] step      3/20" in shown and "noise" not in shown
     with pytest.raises(ChildFailed, match=r"^\[alibi\] train.py exited with status 3: noise that is not shown$"):
         Runner(total_steps=20, threads=1).run("alibi", [[*command[:-1], "3"]])
+
+
+def test_models_side_by_side_feed_one_bar_and_a_failure_stops_the_job(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(FAKE_TRAIN)
+    jobs = {name: [[sys.executable, str(script), f"log_dir={tmp_path / name}", "0"]] for name in ("alibi", "rotary")}
+    with closing(Runner(total_steps=40, threads=1)) as runner:
+        runner.run_many(jobs, workers=2)
+        assert runner.bar.n == 40  # 20 steps recorded by each model
+    shown = capsys.readouterr().out
+    assert "[alibi] step      3/20" in shown and "[rotary] step      3/20" in shown
+    failing = {**jobs, "rotary": [[*jobs["rotary"][0][:-1], "3"]]}
+    with pytest.raises(ChildFailed, match=r"^\[rotary\] train.py exited with status 3: "):
+        Runner(total_steps=40, threads=1).run_many(failing, workers=2)
 
 
 def test_one_evaluate_command() -> None:
