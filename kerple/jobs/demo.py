@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kerple.errors import entry_point, load_modules
 from kerple.jobs.demo_runs import (FACTORS, PYTHON, ROOT, DemoData, Runner, config_args, evaluate_command, finished,
-                                   parse_args, prepare_data, scaling_override, set_aside_stale_runs)
+                                   parse_args, prepare_data, scaling_override, set_aside_stale_runs, shown_path)
 
 KERNEL_EMBS = ("kerple_log", "kerple_power", "alibi", "rpe", "sandwich")
 ZERO_SHOT = ("linear", "dynamic", "yarn")  # PI, dynamic NTK, YaRN
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     ok = qualitative_check(args, names)
     for path in written:
-        print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+        print(f"wrote {shown_path(path)}")
     total = time.perf_counter() - started
     print(f"\ntime: data {prepared - started:.0f} s, train + evaluate {trained - prepared:.0f} s, "
           f"report {time.perf_counter() - trained:.0f} s; total {total / 60:.1f} min ({total:.0f} s)")

@@ -150,6 +150,6 @@ def main(argv: list[str] | None = None) -> int:
     write_text_atomic(path, text)
     print(f"\nPerplexity before and after {args.steps} fine-tuning steps at {args.factor}x the train length "
           f"({demo_args.micro_batch // args.factor or 1} x {demo_args.train_length * args.factor} tokens per step, "
-          f"peak lr {args.lr:g}; one seed; {demo_args.jobs} jobs side by side):\n\n{text}\nwrote {path.relative_to(ROOT)}")
+          f"peak lr {args.lr:g}; one seed; {demo_args.jobs} jobs side by side):\n\n{text}\nwrote {demo_runs.shown_path(path)}")
     print(f"time: {time.perf_counter() - started:.0f} s")
     return 0

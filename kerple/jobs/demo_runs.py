@@ -130,6 +130,11 @@ def scaling_override(method: str, factor: float, train_length: int) -> str:
     return f"{option}={json.dumps(value)}"
 
 
+def shown_path(path: Path) -> str:
+    """``path`` relative to the repository when it lies inside it (``--results`` may point anywhere)."""
+    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+
+
 def finished(run_dir: Path, steps: int) -> bool:
     from kerple.checkpoint.files import latest_tag, tag_for  # kerple.checkpoint loads torch: only here
 

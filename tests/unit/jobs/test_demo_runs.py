@@ -66,3 +66,10 @@ def test_one_evaluate_command() -> None:
     assert command[1:] == ["evaluate.py", "a.yml", "lr=1", "--attention-impl", "sdpa", "--eval-lengths", "64,128",
                            "--protocol", "nonoverlap", "--num-tokens", "512", "--no-progress", "--output", "out/x.json"]
     assert metrics_file(command) is None
+
+
+def test_written_files_are_shown_relative_to_the_repository_only_when_inside_it(tmp_path) -> None:
+    from kerple.jobs.demo_runs import ROOT, shown_path
+
+    assert shown_path(ROOT / "results" / "demo" / "extension.md") == "results/demo/extension.md"
+    assert shown_path(tmp_path / "extension.md") == str(tmp_path / "extension.md")  # relative_to raised here
