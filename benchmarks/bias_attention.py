@@ -25,13 +25,10 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kerple.errors import entry_point  # noqa: E402
-from kerple.flags import AT_LEAST_1, check_flags, heavy_imports, number_list, shape_flag  # noqa: E402
+from kerple.errors import entry_point
+from kerple.flags import AT_LEAST_1, check_flags, heavy_imports, number_list, shape_flag
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

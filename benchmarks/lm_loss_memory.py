@@ -25,12 +25,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from kerple.errors import entry_point  # noqa: E402
+from kerple.errors import entry_point
 
 DTYPES = ("bf16", "fp32")
 VARIANTS = ("unfused", "fused", "fused, compiled")

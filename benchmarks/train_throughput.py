@@ -51,28 +51,24 @@ otherwise) on the same device (``--peak-size``).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
-import io
-import resource
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from kerple.errors import entry_point, exit_on_interrupt  # noqa: E402
+from kerple.errors import entry_point, exit_on_interrupt
+from kerple.flags import AT_LEAST_0, AT_LEAST_1, check_flags, check_unique
 
 with exit_on_interrupt("train_throughput.py"):  # Ctrl-C while torch loads: one line, status 130
-    import numpy as np
     import torch
-from kerple.flags import AT_LEAST_0, AT_LEAST_1, check_flags, check_unique  # noqa: E402
+
+    from kerple.measure.device import measure_peak_flops, peak_bytes, release
+    from kerple.measure.training import build_trainer, flops_per_token, timed_step, write_random_corpus
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -112,95 +108,11 @@ class Measurement:
         return result.tokens_per_second / base if base and not result.error else None
 
 
-def write_random_corpus(prefix: Path, vocab: int, tokens: int, seed: int = 0) -> None:
-    """An indexed dataset of uniform random token documents (2048 tokens each) at ``prefix``."""
-    from kerple.data.indexed_dataset import IndexedDatasetWriter
-
-    rng = np.random.RandomState(seed)
-    dtype = np.uint16 if vocab < 65500 else np.int32
-    with IndexedDatasetWriter(prefix, dtype=dtype) as writer:
-        for _ in range(max(tokens // 2048, 8)):
-            writer.add_document(rng.randint(0, vocab, size=2048))
-        writer.finalize()
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued device work (no-op on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def measure_peak_flops(device: torch.device, dtype: torch.dtype, size: int, repeats: int = 5) -> float:
-    """Best FLOP/s of ``size`` x ``size`` matmuls in ``dtype`` on ``device`` (2*size^3 FLOPs each)."""
-    left = torch.randn(size, size, device=device, dtype=dtype)
-    right = torch.randn(size, size, device=device, dtype=dtype)
-    left @ right  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        synchronize(device)
-        started = time.perf_counter()
-        for _ in range(4):
-            left @ right
-        synchronize(device)
-        best = min(best, (time.perf_counter() - started) / 4)
-    return 2 * size**3 / best
-
-
-def flops_per_token(model: torch.nn.Module, num_layers: int, hidden: int, seq_length: int) -> float:
-    """``6*N + 12*L*h*s`` with N = matmul parameters (see the module docstring)."""
-    tables = {id(module.weight) for module in model.modules() if isinstance(module, torch.nn.Embedding)}
-    matmul_params = sum(p.numel() for p in model.parameters() if id(p) not in tables)
-    head = getattr(model, "lm_head_weight", None)
-    if head is not None and id(head) in tables:  # tied: the word table is also the LM head's matmul
-        matmul_params += head.numel()
-    return 6 * matmul_params + 12 * num_layers * hidden * seq_length
-
-
-def peak_bytes(device: torch.device) -> int:
-    """CUDA: peak allocated since the last reset; CPU: peak resident set of the process."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
-
-
-def release(device: torch.device) -> None:
-    """Drop compiled graphs and cached memory between embeddings."""
-    torch._dynamo.reset()
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
 def _compute_dtype(cfg: Any, device: torch.device) -> torch.dtype:
     precision = str(getattr(cfg.precision, "precision", "fp32"))
     if device.type == "cuda" and precision in ("bf16", "fp16"):
         return torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.float32
-
-
-def build_trainer(config_files: Sequence[str], overrides: dict[str, Any], name: str, corpus: str, total: int,
-                  parallel: Any) -> Any:
-    """A real Trainer for embedding ``name`` on the synthetic corpus (no saving, logging or validation)."""
-    from kerple.config import load_config
-    from kerple.training.trainer import Trainer
-
-    cfg = load_config(
-        list(config_files),
-        {**overrides, "pos_emb": name, "data_path": corpus, "split": "100,0,0",
-         "train_iters": total, "lr_decay_iters": total, "save": None, "load": None,
-         "log_dir": None, "tensorboard_dir": None, "use_wandb": False, "eval_iters": 0},
-    ).resolve_batch(1)
-    with contextlib.redirect_stdout(io.StringIO()):
-        return Trainer(cfg, parallel)
-
-
-def timed_step(trainer: Any, device: torch.device) -> float:
-    """Seconds of one ``trainer.train_step()`` between device synchronizations."""
-    synchronize(device)
-    started = time.perf_counter()
-    trainer.train_step()
-    synchronize(device)
-    return time.perf_counter() - started
 
 
 def _error_text(error: Exception) -> str:

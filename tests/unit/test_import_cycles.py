@@ -1,5 +1,7 @@
 """The tree's modules import each other without cycles, function-level imports included: the package,
-the scripts under tools/ and benchmarks/, and the entry points at the root.
+the scripts under tools/ and benchmarks/, and the entry points at the root. The package imports no
+script: a module of kerple/ that needs benchmarks/ or tools/ works only with the repository root on
+``sys.path``, so the scripts import their shared code from kerple (kerple/measure/), never the reverse.
 
 An import inside a function hides a cycle from Python but not from a reader; so do
 ``importlib.import_module`` with a literal name and a file loaded by ``spec_from_file_location``. All
@@ -112,3 +114,45 @@ def test_the_whole_tree_is_read() -> None:
 def test_no_module_imports_itself_back() -> None:
     cycles = [sorted(component) for component in nx.strongly_connected_components(import_graph()) if len(component) > 1]
     assert cycles == [], f"import cycles: {cycles}"
+
+
+def scripts_imported(tree: ast.Module) -> set[str]:
+    """What ``tree`` imports from the script folders, anywhere in it (in functions, through
+    ``importlib.import_module`` or ``spec_from_file_location``, under TYPE_CHECKING too)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module") and node.args:
+            if isinstance(node.args[0], ast.Constant):
+                found.add(str(node.args[0].value))
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("spec_from_file_location"):
+            found.update(str(c.value) for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                         and c.value.replace("/", ".").split(".")[0] in SCRIPT_FOLDERS)
+    return {name for name in found if name.replace("/", ".").split(".")[0] in SCRIPT_FOLDERS}
+
+
+def test_the_boundary_check_sees_a_script_import() -> None:
+    offending = [
+        "from benchmarks.train_throughput import build_trainer\n",
+        "def run():\n    from benchmarks import eval_memory\n",
+        "import benchmarks.host_overhead as host\n",
+        "import benchmarks\n",
+        "import importlib\nimportlib.import_module('benchmarks.eval_memory')\n",
+        "from tools.demo import main\n",
+        "spec_from_file_location('x', ROOT / 'benchmarks' / 'eval_memory.py')\n",
+    ]
+    assert all(scripts_imported(ast.parse(source)) for source in offending)
+    allowed = "from kerple.measure.training import build_trainer\nimport benchmarks_of_mine\nimport toolz\n"
+    assert scripts_imported(ast.parse(allowed)) == set()
+
+
+def test_the_package_imports_no_script() -> None:
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(names)
+        for name, path in module_names().items()
+        if name.split(".")[0] == "kerple" and (names := scripts_imported(ast.parse(path.read_text(encoding="utf-8"))))
+    }
+    assert offenders == {}, f"kerple/ imports scripts (move the shared code into kerple/measure/ or similar): {offenders}"

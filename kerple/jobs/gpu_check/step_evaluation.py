@@ -1,22 +1,21 @@
 """Step 7: evaluation of the 162M model at 2k-64k tokens per attention implementation: peak memory
 and tokens/s, with what cannot fit skipped and said so.
 
-``benchmarks/eval_memory.py`` does the measuring: every (implementation, length) in a fresh
-subprocess (one forward + chunked loss of batch 1 under bf16 autocast, ``max_memory_allocated``
-growth), skipping a cell whose estimated peak exceeds the free GPU memory, whose projected time
-exceeds ``eval_max_seconds``, or whose shorter length already failed; an out-of-memory error is
-caught and reported as such. FlexAttention runs first: it is the long-context path, and the
+:mod:`kerple.measure.eval_memory` does the measuring, as for ``benchmarks/eval_memory.py``: every
+(implementation, length) in a fresh subprocess (one forward + chunked loss of batch 1 under bf16
+autocast, ``max_memory_allocated`` growth), skipping a cell whose estimated peak exceeds the free
+GPU memory, whose projected time exceeds ``eval_max_seconds``, or whose shorter length already
+failed; an out-of-memory error is caught and reported as such. FlexAttention runs first: it is the long-context path, and the
 targets below are about it. Targets: at 16384 tokens under ``TARGET_16K_GIB`` GiB, and 65536 tokens
 without running out of memory.
 """
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from kerple.jobs.gpu_check.context import REPO, StepContext
+from kerple.measure.eval_memory import EvalCell, EvalSettings, load_model_config, measure_all
 
 NAME = "long-context evaluation: memory and speed"
 TARGET_16K_GIB = 20.0
@@ -24,11 +23,9 @@ POS_EMB = "kerple_log"
 
 
 def run(ctx: StepContext) -> None:
-    from benchmarks import eval_memory
-
     scale = ctx.scale
     configs = [str(REPO / scale.eval_model)] if scale.eval_model else []
-    cfg = eval_memory.load_model_config(configs, POS_EMB)
+    cfg = load_model_config(configs, POS_EMB)
     if ctx.cuda:
         budget = int(torch.cuda.mem_get_info(ctx.device)[0])
     else:
@@ -44,9 +41,9 @@ def run(ctx: StepContext) -> None:
         if ctx.out_of_time():
             table.rows += [[impl, str(length), "", "", "", "left out: step budget used up"] for length in scale.eval_lengths]
             continue
-        args = argparse.Namespace(config=configs, pos_emb=POS_EMB, impls=impl, chunk_size=1024,
-                                  device=ctx.device.type, max_seconds=scale.eval_max_seconds)
-        for cell in eval_memory.measure_all(args, cfg, list(scale.eval_lengths), budget):
+        settings = EvalSettings(configs=configs, pos_emb=POS_EMB, impls=[impl], chunk_size=1024,
+                                device=ctx.device.type, max_seconds=scale.eval_max_seconds)
+        for cell in measure_all(settings, cfg, list(scale.eval_lengths), budget):
             cells.append(cell)
             peak = "" if cell.peak_bytes is None else f"{cell.peak_bytes / 2**20:,.1f}"
             speed = "" if cell.seconds is None else f"{cell.tokens_per_second:,.0f}"
@@ -58,7 +55,7 @@ def run(ctx: StepContext) -> None:
     ctx.result.status, ctx.result.reason = _verdict(ctx, cells, errors)
 
 
-def _verdict(ctx: StepContext, cells: list, errors: list) -> tuple[str, str]:
+def _verdict(ctx: StepContext, cells: list[EvalCell], errors: list[EvalCell]) -> tuple[str, str]:
     """Passed when nothing failed unexpectedly and, on CUDA, flex meets both targets."""
     if not ctx.cuda:
         return ("failed", f"{len(errors)} cells failed") if errors else ("passed", f"{len(cells)} cells")

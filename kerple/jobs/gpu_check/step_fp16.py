@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from kerple.jobs.gpu_check.context import StepContext, model_config
-from benchmarks.train_throughput import write_random_corpus
+from kerple.measure.training import write_random_corpus
 
 NAME = "fp16 dynamic loss scaling: overflow skipped and counted"
 SEQ, MICRO_BATCH = 512, 4

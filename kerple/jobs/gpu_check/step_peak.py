@@ -1,7 +1,7 @@
 """Step 1: the device's measured matmul peak, the denominator of every MFU in this report.
 
 bf16 on CUDA (the 162M runs train in bf16), fp32 on a CPU. The best of ten timed batches of four
-``size x size`` products after a warm-up (``benchmarks/train_throughput.py:measure_peak_flops``);
+``size x size`` products after a warm-up (:func:`kerple.measure.device.measure_peak_flops`);
 2·size³ FLOPs each. Two sizes are measured so that a size too small to saturate the device shows.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from kerple.jobs.gpu_check.context import StepContext
-from benchmarks.train_throughput import measure_peak_flops
+from kerple.measure.device import measure_peak_flops
 
 NAME = "matmul peak (TFLOP/s)"
 

@@ -2,14 +2,14 @@
 
 For ``none`` and ``kerple_log`` at the 162M shape (32 x 512 tokens, bf16, ``attention_impl: auto``),
 first with the layers eager, then, on CUDA and while the budget lasts, compiled (``compile:
-true``): a real ``Trainer`` (``benchmarks/train_throughput.py:build_trainer``), warm-up steps, then
+true``): a real ``Trainer`` (:func:`kerple.measure.training.build_trainer`), warm-up steps, then
 
 * timed steps: the step time between device synchronizations, and the **host time**, the time
   ``Trainer.train_step`` takes to return without one (a step that waits for nothing returns as soon
   as its kernels are queued, so host time below step time means the GPU, not Python, sets the pace);
 * the peak of allocated device memory over the timed steps (CPU: the process's peak resident set);
 * ``torch.profiler`` over a few more steps: top-level operators, CUDA kernel launches and host
-  synchronizations per step (:func:`benchmarks.host_overhead.count_host_work`), the **GPU busy
+  synchronizations per step (:func:`kerple.measure.host_work.count_host_work`), the **GPU busy
   fraction** (the union of kernel intervals over the profiled wall time) and the 20 CUDA kernels
   with the most time.
 
@@ -27,8 +27,9 @@ from typing import Any
 import torch
 
 from kerple.jobs.gpu_check.context import REPO, StepContext, allow_recompiles, model_config
-from benchmarks.host_overhead import count_host_work, profiled_steps
-from benchmarks.train_throughput import build_trainer, peak_bytes, release, synchronize, write_random_corpus
+from kerple.measure.device import peak_bytes, release, synchronize
+from kerple.measure.host_work import count_host_work, profiled_steps
+from kerple.measure.training import build_trainer, write_random_corpus
 
 NAME = "profile: host work, GPU busy time and kernels per training step"
 COLUMNS = ["pos_emb", "compile", "attention", "step (ms)", "host (ms)", "GPU busy", "ops", "launches", "syncs",

@@ -3,7 +3,7 @@
 A real ``Trainer`` (DeepSpeed engine, bf16, fused AdamW) per embedding and ``compile`` setting, on
 a synthetic corpus; the kernel is switched with ``set_attention`` between measurements, so each
 (embedding, compile) builds and compiles once per kernel. Per cell: ``--warmup`` untimed steps, then
-the median of timed ``Trainer.train_step`` calls (``benchmarks/train_throughput.py``). Cells run in
+the median of timed ``Trainer.train_step`` calls (:mod:`kerple.measure.training`). Cells run in
 priority order so that the budget is spent on what matters most: without compile, the kernel
 ``auto`` picks, then the other kernels; then the same with compile. Cells the budget does not reach
 are listed as left out.
@@ -34,9 +34,8 @@ from typing import Any
 import torch
 
 from kerple.jobs.gpu_check.context import REPO, StepContext, allow_recompiles, model_config
-from benchmarks.train_throughput import (
-    build_trainer, flops_per_token, measure_peak_flops, peak_bytes, release, timed_step, write_random_corpus,
-)
+from kerple.measure.device import measure_peak_flops, peak_bytes, release
+from kerple.measure.training import build_trainer, flops_per_token, timed_step, write_random_corpus
 
 NAME = "training throughput per embedding, kernel and compile"
 COLUMNS = ["pos_emb", "compile", "attention", "step (ms)", "tokens/s", "MFU", "peak memory (GiB)", "note"]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.host_overhead import count_host_work, counted_device_waits
 from kerple.checkpoint import safe_torch_load
+from kerple.measure.host_work import count_host_work, counted_device_waits
 from kerple.training.master_adamw import MasterAdamW
 from kerple.training.trainer import Trainer
 from tiny_run import corpus, parallel, tiny_config, train  # noqa: F401  (fixtures)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from benchmarks.host_overhead import count_host_work
+from kerple.measure.host_work import count_host_work
 from kerple.training.master_adamw import MasterAdamW
 from tiny_run import parallel  # noqa: F401  (fixture)
 

@@ -1,0 +1,71 @@
+"""Training-step measurements: a real :class:`kerple.training.trainer.Trainer` on a synthetic
+corpus, the time of one ``Trainer.train_step``, and the FLOPs per token that MFU counts.
+
+FLOPs per token = 6*N + 12*L*h*s (PaLM, Appendix B): N = parameters that do matmuls (all but the
+word and learned-position embedding tables; the LM head counted whether tied or not), L layers,
+h hidden size, s sequence length. The attention term counts the full s x s score and value
+products, as is customary, although causal kernels skip about half. Positional-embedding work is
+not counted: it is what the throughput benchmarks charge to each embedding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from kerple.measure.device import synchronize
+
+
+def write_random_corpus(prefix: Path, vocab: int, tokens: int, seed: int = 0) -> None:
+    """An indexed dataset of uniform random token documents (2048 tokens each) at ``prefix``;
+    speed does not depend on the text."""
+    from kerple.data.indexed_dataset import IndexedDatasetWriter
+
+    rng = np.random.RandomState(seed)
+    dtype = np.uint16 if vocab < 65500 else np.int32
+    with IndexedDatasetWriter(prefix, dtype=dtype) as writer:
+        for _ in range(max(tokens // 2048, 8)):
+            writer.add_document(rng.randint(0, vocab, size=2048))
+        writer.finalize()
+
+
+def build_trainer(config_files: Sequence[str], overrides: dict[str, Any], name: str, corpus: str, total: int,
+                  parallel: Any) -> Any:
+    """A real Trainer for embedding ``name`` on the synthetic corpus (no saving, logging or validation)."""
+    from kerple.config import load_config
+    from kerple.training.trainer import Trainer
+
+    cfg = load_config(
+        list(config_files),
+        {**overrides, "pos_emb": name, "data_path": corpus, "split": "100,0,0",
+         "train_iters": total, "lr_decay_iters": total, "save": None, "load": None,
+         "log_dir": None, "tensorboard_dir": None, "use_wandb": False, "eval_iters": 0},
+    ).resolve_batch(1)
+    with contextlib.redirect_stdout(io.StringIO()):
+        return Trainer(cfg, parallel)
+
+
+def timed_step(trainer: Any, device: torch.device) -> float:
+    """Seconds of one ``trainer.train_step()`` between device synchronizations."""
+    synchronize(device)
+    started = time.perf_counter()
+    trainer.train_step()
+    synchronize(device)
+    return time.perf_counter() - started
+
+
+def flops_per_token(model: torch.nn.Module, num_layers: int, hidden: int, seq_length: int) -> float:
+    """``6*N + 12*L*h*s`` with N = matmul parameters (PaLM, Appendix B; see the module docstring)."""
+    tables = {id(module.weight) for module in model.modules() if isinstance(module, torch.nn.Embedding)}
+    matmul_params = sum(p.numel() for p in model.parameters() if id(p) not in tables)
+    head = getattr(model, "lm_head_weight", None)
+    if head is not None and id(head) in tables:  # tied: the word table is also the LM head's matmul
+        matmul_params += head.numel()
+    return 6 * matmul_params + 12 * num_layers * hidden * seq_length
