@@ -171,7 +171,7 @@ def choose_implementation(
     ======  ==========  ==================================  ==========================================
 
     ``compiled_layers``: the decoder layers run under ``torch.compile`` (:func:`~kerple.model.decoder.maybe_compile`);
-    ``learnable``: the term has trainable parameters. Overrides: training with ``dropout_p > 0`` never picks ``flex`` (no attention dropout there),
+    ``learnable``: the embedding has trainable parameters (for a bias, the term's). Overrides: training with ``dropout_p > 0`` never picks ``flex`` (no attention dropout there),
     and ``flex_compiled=False`` (the unfused reference FlexAttention, which materializes the
     scores) never picks ``flex``; ``sdpa`` then ``eager`` take its place. Every returned choice
     passes :func:`unsupported_reason`. Other devices follow the CPU rows.
@@ -181,7 +181,8 @@ def choose_implementation(
     table_device = "cuda" if device_type == "cuda" else "cpu"
     shortest = FLEX_FROM_LENGTH.get((table_device, training, kind))
     wants_flex = (shortest is not None and seq_len >= shortest) or (device_type == "cuda" and window is not None)
-    wants_flex = wants_flex or (device_type == "cuda" and training and compiled_layers and learnable)
+    learnable_bias = kind == PositionKind.BIAS and learnable  # trained through the attention kernel's mask
+    wants_flex = wants_flex or (device_type == "cuda" and training and compiled_layers and learnable_bias)
     candidates = ("flex", "sdpa", "eager") if wants_flex and flex_allowed else ("sdpa", "eager")
     for impl in candidates:
         if unsupported_reason(impl, kind, device_type, training) is None:

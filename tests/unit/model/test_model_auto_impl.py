@@ -112,6 +112,7 @@ def test_model_resolves_auto_per_mode_and_length() -> None:
     ("kerple_log", True, "flex"),  # compiled sdpa left kerple_log's masters unchanged on an H200
     ("rpe", True, "flex"),  # T5's learnable buckets: the same dense-mask gradient
     ("alibi", True, "sdpa"),  # no parameters: nothing to train through the mask
+    ("learned", True, "sdpa"),  # learnable, but added to the input: no mask to train through
     ("none", True, "sdpa"),
 ])
 def test_compiled_layers_train_a_learnable_bias_through_flex_on_cuda(name: str, compiled: bool, want: str) -> None:
