@@ -35,10 +35,11 @@ for all layers). Printed: milliseconds and the ratio to ``none``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from kerple.errors import entry_point
 from kerple.flags import AT_LEAST_1, check_flags, heavy_imports, shape_flag
@@ -73,7 +74,7 @@ with heavy_imports("bias_gradient.py", parse_args if __name__ == "__main__" else
     from kerple.positional.base import diagonal_gather
     from kerple.positional.logit_term import LogitTerm, distance_table_term
 
-Variant = Callable[[], None]
+Variant = Callable[[], object]  # one timed call; what it returns is not used
 
 
 def _inputs(shape: list[int], device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -97,16 +98,6 @@ def common_variants(embedding: positional.PositionalEmbedding, tensors: list[tor
     def none() -> None:
         F.scaled_dot_product_attention(*leaves(), is_causal=True).backward(upstream)
 
-    def dense() -> None:
-        query, key, value = leaves()
-        diagonals = _diagonals(embedding.distance_tables(length, device)[0], length)
-        mask = diagonal_gather(diagonals, length, length)[None]
-        if sdpa_cpu.supported(query, 0.0):
-            output = sdpa_cpu.masked_attention(query, key, value, mask.detach(), diagonals)
-        else:
-            output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask.to(q.dtype))
-        output.backward(upstream)
-
     with torch.no_grad():
         output = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         scores = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
@@ -121,7 +112,8 @@ def common_variants(embedding: positional.PositionalEmbedding, tensors: list[tor
         torch.autograd.backward([table for table, _ in pairs], [gradient for _, gradient in pairs])
 
     bias, scale = embedding.distance_tables(length, device)
-    dense_row = {"sdpa, dense bias": dense} if bias is not None and scale is None else {}  # sdpa cannot scale
+    sdpa_serves = bias is not None and scale is None  # sdpa cannot scale the logits
+    dense_row = {"sdpa, dense bias": _dense_bias(embedding, tensors)} if sdpa_serves else {}
     return {"none": none, **dense_row, "reduction alone": reduction}
 
 
@@ -166,27 +158,43 @@ def cuda_variants(embedding: positional.PositionalEmbedding, tensors: list[torch
             "flex + reduction": flex(True, False)}
 
 
-def _cudnn_dense(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor]) -> dict[str, Variant]:
-    """``sdpa (cuDNN), dense bias``: the dense mask through PyTorch's cuDNN attention backend (``none``'s
-    kernel on an H100/H200, where ``auto``'s dense bias gets the slower memory-efficient one), kept
-    only where that backend takes the mask and returns the tables a gradient (a note says otherwise)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+def _dense_bias(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor],
+                backends: list[Any] | None = None) -> Callable[[], torch.Tensor | None]:
+    """One forward + backward through the dense ``[1, H, L, L]`` mask of the bias table, returning the
+    table's gradient: sdpa with ``backends`` allowed (``None``: PyTorch's choice, and on a CPU the fused
+    path of ``sdpa_cpu``, which sums the mask's gradient along its diagonals)."""
+    from torch.nn.attention import sdpa_kernel
 
     q, k, v, upstream = tensors
     length = q.shape[-2]
-    bias, scale = embedding.distance_tables(length, q.device)
-    if bias is None or scale is not None:
-        return {}
 
     def run() -> torch.Tensor | None:
         query, key, value = (t.detach().requires_grad_() for t in (q, k, v))
         table = embedding.distance_tables(length, q.device)[0]
         table.retain_grad()
-        mask = diagonal_gather(_diagonals(table, length), length, length)[None].to(q.dtype)
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            F.scaled_dot_product_attention(query, key, value, attn_mask=mask).backward(upstream)
+        diagonals = _diagonals(table, length)
+        mask = diagonal_gather(diagonals, length, length)[None]
+        if backends is None and sdpa_cpu.supported(query, 0.0):
+            output = sdpa_cpu.masked_attention(query, key, value, mask.detach(), diagonals)
+        else:
+            with sdpa_kernel(backends) if backends else contextlib.nullcontext():
+                output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask.to(q.dtype))
+        output.backward(upstream)
         return table.grad
 
+    return run
+
+
+def _cudnn_dense(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor]) -> dict[str, Variant]:
+    """``sdpa (cuDNN), dense bias``: the dense mask through PyTorch's cuDNN attention backend (``none``'s
+    kernel on an H100/H200, where ``auto``'s dense bias gets the slower memory-efficient one), kept
+    only where that backend takes the mask and returns the tables a gradient (a note says otherwise)."""
+    from torch.nn.attention import SDPBackend
+
+    bias, scale = embedding.distance_tables(tensors[0].shape[-2], tensors[0].device)
+    if bias is None or scale is not None:
+        return {}
+    run = _dense_bias(embedding, tensors, [SDPBackend.CUDNN_ATTENTION])
     try:
         gradient = run()
     except RuntimeError as error:
@@ -195,7 +203,7 @@ def _cudnn_dense(embedding: positional.PositionalEmbedding, tensors: list[torch.
     if gradient is None or not bool(gradient.ne(0).any()):
         print("sdpa (cuDNN), dense bias: left out (the backend gave the bias no gradient)")
         return {}
-    return {"sdpa (cuDNN), dense bias": lambda: run() and None}
+    return {"sdpa (cuDNN), dense bias": run}
 
 
 def _table_term(embedding: positional.PositionalEmbedding, length: int, dtype: torch.dtype) -> LogitTerm | None:

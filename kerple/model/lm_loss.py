@@ -19,8 +19,8 @@ gradient of the logits is rounded to the compute dtype before its matmuls (as th
 With ``compiled=True`` (the trainer passes ``training.compile``) the per-chunk work after the
 logits' matmul is one ``torch.compile``\ d function, :func:`chunk_terms`: Inductor turns the row's
 log-sum-exp and the gradient into two passes over the compute-dtype logits, where the eager
-operators make about eight over an fp32 copy (on an H200 the eager ones were 30% of a compiled 162M
-step, docs/gpu-report.md). The same function runs eagerly otherwise: one definition of the math.
+operators make about eight over an fp32 copy (on an H200 the eager ones took 22% of a compiled 162M
+step's GPU time, docs/gpu-report.md). The same function runs eagerly otherwise: one definition of the math.
 
 Memory: a chunk holds at most ``chunk_tokens x vocab`` x 6 bytes at once in bf16 (its logits in
 fp32, which become the gradient, beside either the bf16 logits or the bf16 gradient), against
@@ -29,6 +29,7 @@ fp32, which become the gradient, beside either the bf16 logits or the bf16 gradi
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any
 
@@ -80,15 +81,10 @@ def chunk_terms(logits: torch.Tensor, target: torch.Tensor, share: torch.Tensor)
     return loss, grad
 
 
-_compiled_chunk_terms: list[Any] = []  # torch.compile(chunk_terms), made on first use
-
-
+@functools.cache
 def _chunk_terms(compiled: bool) -> Any:
-    if not compiled:
-        return chunk_terms
-    if not _compiled_chunk_terms:
-        _compiled_chunk_terms.append(torch.compile(chunk_terms, dynamic=False))
-    return _compiled_chunk_terms[0]
+    """:func:`chunk_terms`, or its ``torch.compile`` (made once, on first use)."""
+    return torch.compile(chunk_terms, dynamic=False) if compiled else chunk_terms
 
 
 def linear_cross_entropy(
