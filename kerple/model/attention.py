@@ -79,8 +79,8 @@ AUTO = "auto"  # resolved per forward by :func:`choose_implementation`
 #   Jacobians 157,670 against 252,867 through sdpa (docs/flex-attention.md §5). ASSUMED until measured:
 #   the reduction's tables' path (kerple/model/bias_gradient.py) trains no faster than alibi through flex
 #   at 512, so sdpa stays below 8192 tokens; from 8192 the dense [H, L, L] bias and its gradient (1.6 GB in bf16 and 3.2 GB in fp32
-#   at 12 heads) make O(L) memory the deciding cost. Measured with the tables' Triton reduction (third
-#   lease): kerple_log 250,287 tokens/s through sdpa against 169,688 through flex at 512, compile off.
+#   at 12 heads) make O(L) memory the deciding cost. Measured since with the tables' Triton reduction
+#   (H200, compile off): kerple_log 250,287 tokens/s through sdpa against 169,688 through flex at 512.
 # * CUDA training of a learnable bias in compiled layers, flex at every length: through compiled sdpa,
 #   kerple_log's fp32 master weights stayed exactly as they were over 11 steps (H200, torch 2.11, the GPU
 #   check's step 4; eager sdpa and compiled flex trained them), and compiled flex ran as fast as eager

@@ -43,7 +43,7 @@ IGNORE_INDEX = -100
 # gradient beside them), a micro-batch of 512 tokens in 1. At 1 GiB (4 chunks) the loss held
 # 1.2 GB where the forward's activations are all alive, the likely peak of a step; the ~180 extra
 # launches cost about 1 ms of host time, inside the ~10 ms by which the host now finishes a 162M
-# step before the device (docs/gpu-report.md, third lease).
+# step before the device (H200, docs/gpu-report.md).
 CHUNK_BYTES = 2**28
 
 

@@ -59,6 +59,28 @@ def test_inductor_layers_equal_eager_and_share_one_graph(name: str, one_thread) 
     assert counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])
 
 
+def test_compiled_layers_through_pytorchs_sdpa_give_the_mask_eagers_gradient_in_bf16(
+        one_thread, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path CUDA trains a bias with: PyTorch's own sdpa, its mask's gradient through autograd (here
+    instead of the fused CPU kernel), in bf16, compiled with Inductor over two steps. On a CPU it keeps
+    kerple_log's gradient; on an H200 it did not (the CUDA test below)."""
+    from kerple.model import sdpa_cpu
+
+    monkeypatch.setattr(sdpa_cpu, "supported", lambda query, dropout_p: False)
+    eager, compiled = (four_layers("kerple_log").bfloat16() for _ in range(2))
+    torch._dynamo.reset()
+    maybe_compile(compiled, SimpleNamespace(training=SimpleNamespace(compile=True)))
+    for step in range(2):  # the second step reuses the graphs
+        tokens = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(step))
+        for model in (eager, compiled):
+            model.zero_grad()
+            model(tokens, labels=torch.roll(tokens, -1, dims=1)).backward()
+        for key in ("bias_p", "bias_a"):
+            want, got = (getattr(m.positional, key).grad for m in (eager, compiled))
+            assert got is not None and bool(got.ne(0).any()), (step, key)
+            torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.05 * float(want.abs().max()))
+
+
 def four_layers(name: str) -> GPTModel:
     """The tiny model's sizes with four layers, so one graph per layer would show."""
     torch.manual_seed(0)
@@ -72,7 +94,7 @@ def four_layers(name: str) -> GPTModel:
 @pytest.mark.parametrize("impl", ["sdpa", "flex"])
 def test_compiled_layers_give_a_learnable_bias_eagers_gradient_on_cuda(impl: str) -> None:
     """On an H200 (torch 2.11) kerple_log's fp32 masters did not move over 11 steps of compiled layers
-    through sdpa (docs/gpu-report.md, third lease), while eager sdpa and compiled flex trained them;
+    through sdpa (docs/gpu-report.md), while eager sdpa and compiled flex trained them;
     ``auto`` avoids that path since. This test pins down where the gradient goes missing: one
     forward and backward in bf16, the compiled model's positional gradients against eager's."""
     tokens = torch.randint(0, VOCAB, (4, 256), generator=torch.Generator().manual_seed(1)).cuda()
