@@ -27,7 +27,8 @@ The three kernels compute the same function (tests check agreement to 1e-5 in fp
   float mask (bias + causal/window mask, in the query's dtype); on CPU in fp32/fp64 without dropout
   it calls the fused CPU flash kernel directly, with a backward that also differentiates the mask
   (``sdpa_cpu.py``), when the mask is a Toeplitz matrix of distance tables; a mask from a closed form
-  goes to PyTorch's own kernel choice. A multiplicative logit scale (KERPLE weight kernels, paper
+  goes to PyTorch's own kernel choice, among those that return a mask's gradient when it needs one.
+  A multiplicative logit scale (KERPLE weight kernels, paper
   §5.3) cannot be expressed there, so that combination is refused.
 * ``flex`` calls FlexAttention with a ``score_mod`` that computes the embedding's closed form from
   per-head tensors, or, for an embedding without one, indexes the ``[H, k_len]`` tables by distance
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kerple.model import sdpa_cpu
 from kerple.positional.base import PositionKind, diagonal_gather, gather_by_distance
@@ -364,6 +366,22 @@ def eager_attention(
     return torch.matmul(probs, value)  # [b, H, q, d]
 
 
+MASK_GRADIENT_KERNELS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""The ``scaled_dot_product_attention`` kernels that return their mask's gradient. cuDNN's backward
+returns none (``_scaled_dot_product_cudnn_attention_backward`` gives dq, dk, dv), and recent PyTorch
+tries it first on sm90 and newer; flash attention takes no mask."""
+
+
+def _sdpa_masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                 dropout_p: float) -> torch.Tensor:
+    """PyTorch's sdpa with an additive ``mask``; a mask that needs a gradient only reaches the
+    kernels that return it (:data:`MASK_GRADIENT_KERNELS`)."""
+    if not mask.requires_grad:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
+    with sdpa_kernel(MASK_GRADIENT_KERNELS):
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
+
+
 def sdpa_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, context: AttentionContext, training: bool
 ) -> torch.Tensor:
@@ -372,8 +390,7 @@ def sdpa_attention(
         raise ValueError(unsupported_reason("sdpa", PositionKind.WEIGHT, query.device.type, training))
     dropout_p = context.dropout_p if training else 0.0
     if context.grid_term is not None:  # not a Toeplitz mask: PyTorch's kernel differentiates it
-        mask = context.grid_mask(query.dtype, *query.shape[:2])
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
+        return _sdpa_masked(query, key, value, context.grid_mask(query.dtype, *query.shape[:2]), dropout_p)
     mask = context.sdpa_mask(query.dtype)
     if mask is None:
         return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True)
@@ -381,7 +398,7 @@ def sdpa_attention(
         diagonals = context.sdpa_diagonals()
         learnable = diagonals if diagonals.requires_grad else None
         return sdpa_cpu.masked_attention(query, key, value, mask.detach(), learnable, context.window)
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
+    return _sdpa_masked(query, key, value, mask, dropout_p)
 
 
 def flex_attention(

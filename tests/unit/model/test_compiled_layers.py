@@ -81,6 +81,97 @@ def test_compiled_layers_through_pytorchs_sdpa_give_the_mask_eagers_gradient_in_
             torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.05 * float(want.abs().max()))
 
 
+def recording_backend(seen: dict[str, set[str]], inductor_graph: bool) -> object:
+    """A ``torch.compile`` backend that runs AOTAutograd's forward and backward graphs as they are
+    and records their attention kernels in ``seen["forward"]`` / ``seen["backward"]`` (``math`` for a
+    graph without one: the attention decomposed into matmuls and a softmax); with ``inductor_graph``
+    it traces with Inductor's decompositions, the graph Inductor would lower."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._inductor.decomposition import select_decomp_table
+
+    def recorder(kind: str):  # type: ignore[no-untyped-def]
+        def compile_graph(graph_module: torch.fx.GraphModule, example_inputs: list):  # type: ignore[no-untyped-def]
+            kernels = {str(node.target) for node in graph_module.graph.nodes
+                       if node.op == "call_function" and "attention" in str(node.target)}
+            seen.setdefault(kind, set()).update(kernels or {"math"})
+            return make_boxed_func(graph_module.forward)
+        return compile_graph
+
+    return aot_autograd(fw_compiler=recorder("forward"), bw_compiler=recorder("backward"),
+                        decompositions=select_decomp_table() if inductor_graph else None)
+
+
+def compiled_bias_gradients(backend: object, device: str, impl: str = "sdpa") -> tuple[dict, dict]:
+    """kerple_log's (eager, compiled) positional gradients after one forward and backward in bf16,
+    the layers compiled with ``backend``."""
+    tokens = torch.randint(0, VOCAB, (4, 256), generator=torch.Generator().manual_seed(1)).to(device)
+    eager, compiled = (four_layers("kerple_log").to(device).bfloat16() for _ in range(2))
+    for model in (eager, compiled):
+        model.set_attention(impl)
+    torch._dynamo.reset()
+    torch._dynamo.config.allow_unspec_int_on_nn_module = True
+    for layer in compiled.layers:
+        layer.compile(backend=backend)
+    compiled.compiled_layers = True
+    for model in (eager, compiled):
+        model(tokens, labels=torch.roll(tokens, -1, dims=1)).backward()
+    return tuple({key: getattr(m.positional, key).grad for key in ("bias_p", "bias_a")} for m in (eager, compiled))
+
+
+@pytest.mark.parametrize("detached", [False, True], ids=["mask", "detached-mask"])
+def test_the_recording_backend_names_the_kernel_that_keeps_or_drops_the_gradient(
+        detached: bool, one_thread, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tool of the CUDA test below, on a CPU, with PyTorch's sdpa: a mask that needs a gradient
+    goes to its math kernel and keeps the gradient; a detached one goes to the fused CPU kernel,
+    and kerple_log's parameters get zeros (the failure seen on an H200)."""
+    from kerple.model import attention, sdpa_cpu
+
+    monkeypatch.setattr(sdpa_cpu, "supported", lambda query, dropout_p: False)
+    if detached:
+        mask = attention.AttentionContext.sdpa_mask
+        monkeypatch.setattr(attention.AttentionContext, "sdpa_mask", lambda self, dtype: mask(self, dtype).detach())
+    seen: dict[str, set[str]] = {}
+    want, got = compiled_bias_gradients(recording_backend(seen, inductor_graph=False), "cpu")
+    if detached:
+        assert seen == {"forward": {"aten._scaled_dot_product_flash_attention_for_cpu.default"},
+                        "backward": {"aten._scaled_dot_product_flash_attention_for_cpu_backward.default"}}, seen
+        assert all(not bool(grad.ne(0).any()) for grad in got.values())
+        return
+    assert seen == {"forward": {"math"}, "backward": {"math"}}, seen
+    for key in want:
+        torch.testing.assert_close(got[key].float(), want[key].float(), rtol=0.05,
+                                   atol=0.05 * float(want[key].abs().max()), msg=key)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("guarded", [True, False], ids=["mask-gradient-kernels", "any-kernel"])
+@pytest.mark.parametrize("inductor_graph", [False, True], ids=["aot-graph", "inductor-graph"])
+def test_the_compiled_kernel_of_a_learnable_bias_returns_its_gradient_on_cuda(
+        guarded: bool, inductor_graph: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Names the attention kernels the compiled graphs of a learnable bias through sdpa use on CUDA,
+    and the one eager sdpa would choose, so a failure says which kernel dropped the gradient; with the
+    mask's gradient kernels only (what the model does) and with any kernel (the model before it kept
+    cuDNN away from a mask that needs a gradient)."""
+    from torch.nn.attention import SDPBackend
+
+    from kerple.model import attention
+
+    if not guarded:
+        monkeypatch.setattr(attention, "MASK_GRADIENT_KERNELS", [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                                                                  SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+    query = torch.randn(4, HEADS, 256, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    mask = torch.randn(1, HEADS, 256, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    eager_choice = SDPBackend(torch._fused_sdp_choice(query.requires_grad_(), query, query, mask)).name
+    seen: dict[str, set[str]] = {}
+    want, got = compiled_bias_gradients(recording_backend(seen, inductor_graph), "cuda")
+    where = f"eager sdpa would choose {eager_choice}; the compiled graphs use {seen}"
+    for key in want:
+        assert got[key] is not None and bool(got[key].ne(0).any()), f"no gradient for {key}: {where}"
+        torch.testing.assert_close(got[key].float(), want[key].float(), rtol=0.05,
+                                   atol=0.05 * float(want[key].abs().max()), msg=f"{key}: {where}")
+
+
 def four_layers(name: str) -> GPTModel:
     """The tiny model's sizes with four layers, so one graph per layer would show."""
     torch.manual_seed(0)
@@ -94,9 +185,10 @@ def four_layers(name: str) -> GPTModel:
 @pytest.mark.parametrize("impl", ["sdpa", "flex"])
 def test_compiled_layers_give_a_learnable_bias_eagers_gradient_on_cuda(impl: str) -> None:
     """On an H200 (torch 2.11) kerple_log's fp32 masters did not move over 11 steps of compiled layers
-    through sdpa (docs/gpu-report.md), while eager sdpa and compiled flex trained them;
-    ``auto`` avoids that path since. This test pins down where the gradient goes missing: one
-    forward and backward in bf16, the compiled model's positional gradients against eager's."""
+    through sdpa (docs/gpu-report.md), while eager sdpa and compiled flex trained them; ``auto``
+    avoids that path since, and the model keeps cuDNN's attention away from a mask that needs a
+    gradient. One forward and backward in bf16 through Inductor, the compiled model's positional
+    gradients against eager's: passing with sdpa, the path is fit to train again."""
     tokens = torch.randint(0, VOCAB, (4, 256), generator=torch.Generator().manual_seed(1)).cuda()
     labels = torch.roll(tokens, -1, dims=1)
     eager, compiled = (four_layers("kerple_log").cuda().bfloat16() for _ in range(2))

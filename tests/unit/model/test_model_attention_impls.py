@@ -85,3 +85,18 @@ def test_compiled_flex_agrees_with_eager() -> None:
 
 def test_all_impls_are_known() -> None:
     assert ATTENTION_IMPLS == ("eager", "sdpa", "flex")
+
+
+def test_a_mask_that_needs_a_gradient_only_reaches_the_kernels_that_return_it(monkeypatch) -> None:
+    """The kernel set is applied to a mask that needs a gradient and to no other: narrowed to the
+    memory-efficient kernel alone, which a CPU lacks, the first finds no kernel (PyTorch says so) and the second runs."""
+    from torch.nn.attention import SDPBackend
+
+    from kerple.model import attention
+
+    monkeypatch.setattr(attention, "MASK_GRADIENT_KERNELS", [SDPBackend.EFFICIENT_ATTENTION])
+    query = torch.randn(1, 2, 8, 16, requires_grad=True)
+    mask = torch.randn(1, 2, 8, 8)
+    assert attention._sdpa_masked(query, query, query, mask, 0.0).shape == query.shape
+    with pytest.raises(RuntimeError, match="No viable backend"):
+        attention._sdpa_masked(query, query, query, mask.requires_grad_(), 0.0)
