@@ -127,3 +127,11 @@ def _check_commands(page: Path) -> None:
         elif first in ("python", "python3") or first.endswith(".py"):
             _check_python(words, where)
         _check_paths(words, where)
+
+
+def test_make_help_lists_every_target_with_what_it_does() -> None:
+    """``make help`` prints one described line for each target the Makefile declares phony."""
+    phony = re.search(r"^\.PHONY:(.*)$", (REPO / "Makefile").read_text(), re.M).group(1).split()
+    shown = subprocess.run(["make", "-s", "help"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    described = dict(re.findall(r"^  make (\S+) +(\S.*)$", shown, re.M))
+    assert sorted(described) == sorted(phony), shown
