@@ -54,7 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--root", action="append", default=[], metavar="DIR",
                         help="read the .py files under DIR instead of this interpreter's (repeatable)")
     parser.add_argument("--attention-impl", choices=("auto", "flex", "sdpa", "eager"), default="auto",
-                        help="auto: FlexAttention for biases on CUDA, with sdpa if it fails to compile")
+                        help="auto: the model's choice per device and length (docs/training.md); the lease preset falls back to sdpa "
+                             "when FlexAttention fails to compile in its probe")
     parser.add_argument("--docs", type=Path, help="report page (default docs/reproduce-162m.md at full scale)")
     parser.add_argument("--readme", type=Path,
                         help="a page with a marked section to fill (default docs/reproducing.md at full scale)")
