@@ -27,6 +27,8 @@ order, median; CUDA synchronised around each call):
   (the diagonal sums of ``dS``: the tables' gradient);
 * ``reduction alone``: the reduction on saved inputs, with the tables built from the parameters and the
   gradient carried back to them.
+* CUDA ``reduction alone, gathered per tile``: the same with the Triton kernel summing each tile along its
+  diagonals at once instead of once per program (``GATHER_EACH_TILE``).
 
 The distance tables are built in every call that needs them (the model builds them once per forward
 for all layers). Printed: milliseconds and the ratio to ``none``.
@@ -111,10 +113,20 @@ def common_variants(embedding: positional.PositionalEmbedding, tensors: list[tor
         pairs = [(table, gradient) for table, gradient in zip(tables, gradients) if table is not None]
         torch.autograd.backward([table for table, _ in pairs], [gradient for _, gradient in pairs])
 
+    def reduction_each_tile() -> None:  # the Triton kernel's other order of summing (GATHER_EACH_TILE)
+        from kerple.model import bias_gradient_triton
+
+        bias_gradient_triton.GATHER_EACH_TILE = True
+        try:
+            reduction()
+        finally:
+            bias_gradient_triton.GATHER_EACH_TILE = False
+
     bias, scale = embedding.distance_tables(length, device)
     sdpa_serves = bias is not None and scale is None  # sdpa cannot scale the logits
     dense_row = {"sdpa, dense bias": _dense_bias(embedding, tensors)} if sdpa_serves else {}
-    return {"none": none, **dense_row, "reduction alone": reduction}
+    each_tile = {"reduction alone, gathered per tile": reduction_each_tile} if device.type == "cuda" else {}
+    return {"none": none, **dense_row, "reduction alone": reduction, **each_tile}
 
 
 def cpu_variants(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor]) -> dict[str, Variant]:

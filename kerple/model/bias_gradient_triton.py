@@ -9,11 +9,12 @@ block - band``), recomputes it (Dao 2023, *FlashAttention-2*, Algorithm 2; the t
     P  = exp(S - lse)                   dP = dO vᵀ
     dS = P ∘ (dP - rowsum(dO ∘ O))
 
-and adds the tile's diagonal sums of ``dS`` (and of ``dS ∘ x`` with a scale table) to two ``[2B]``
-accumulators: slot ``c`` holds local offset ``i - j = c - B`` (``tl.gather`` of row ``i`` at column
-``i + B - c``), i.e. distance ``(band - 1)·B + c``. Every tile of a band covers the same distances, so
-one program's tiles add slot by slot in a fixed order; the caller adds the bands' halves where they
-overlap (:func:`diagonal_partials`). No atomics: deterministic. The buffer is
+Every tile of a band holds the same distance at the same place (local row ``i``, column ``j``: distance
+``band·B + i - j``), so the program adds its tiles' ``dS`` (and ``dS ∘ x`` with a scale table)
+elementwise into ``B x B`` accumulators, in a fixed order, and sums along the diagonals once at the
+end, not once per tile: slot ``c`` of the ``[2B]`` result holds local offset ``i - j = c - B``
+(``tl.gather`` of row ``i`` at column ``i + B - c``), i.e. distance ``(band - 1)·B + c``. The caller
+adds the bands' halves where they overlap (:func:`diagonal_partials`). No atomics: deterministic. The buffer is
 ``chunks x bands x b·H x 2B`` floats per table, a vector per tile group, not a score matrix.
 
 Loop bounds are compile-time constants (``CHUNK``): Triton's CPU interpreter (``TRITON_INTERPRET=1``
@@ -30,6 +31,10 @@ import triton
 import triton.language as tl
 
 CHUNK = 16  # query blocks per program: the partial buffer shrinks by this factor, the grid with it
+GATHER_EACH_TILE = False
+"""Sum each tile along its diagonals at once (the kernel before it gathered once per program), kept to
+be timed against the default on a GPU (``benchmarks/bias_gradient.py``): the accumulators cost
+registers, the gathers shuffles."""
 
 
 @triton.jit
@@ -51,7 +56,7 @@ def _band_sums(
     heads, length, window, query_blocks, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr, GATHER_EACH_TILE: tl.constexpr,
 ):
     chunk = tl.program_id(0)
     band = tl.program_id(1)
@@ -61,7 +66,9 @@ def _band_sums(
     offsets = tl.arange(0, BLOCK)
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < HEAD_DIM
-    bias_sums = tl.zeros([2 * BLOCK], dtype=tl.float32)
+    bias_tiles = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)  # the band's dS tiles, added elementwise
+    scale_tiles = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
+    bias_sums = tl.zeros([2 * BLOCK], dtype=tl.float32)  # GATHER_EACH_TILE: the tiles' diagonal sums
     scale_sums = tl.zeros([2 * BLOCK], dtype=tl.float32)
     for step in range(CHUNK):
         query_block = chunk * CHUNK + step
@@ -97,10 +104,21 @@ def _band_sums(
             probs = tl.where(valid, tl.exp(score - lse[:, None]), 0.0)
             grad_probs = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # fp32 [BLOCK, BLOCK]
             grad_scores = probs * (grad_probs - delta[:, None])
-            if HAS_BIAS:
-                bias_sums += _diagonal_sums(grad_scores, BLOCK)
-            if HAS_SCALE:
-                scale_sums += _diagonal_sums(grad_scores * x, BLOCK)
+            if GATHER_EACH_TILE:
+                if HAS_BIAS:
+                    bias_sums += _diagonal_sums(grad_scores, BLOCK)
+                if HAS_SCALE:
+                    scale_sums += _diagonal_sums(grad_scores * x, BLOCK)
+            else:
+                if HAS_BIAS:
+                    bias_tiles += grad_scores
+                if HAS_SCALE:
+                    scale_tiles += grad_scores * x
+    if not GATHER_EACH_TILE:
+        if HAS_BIAS:
+            bias_sums = _diagonal_sums(bias_tiles, BLOCK)
+        if HAS_SCALE:
+            scale_sums = _diagonal_sums(scale_tiles, BLOCK)
     out = ((chunk * tl.num_programs(1) + band) * tl.num_programs(2) + batch_head) * 2 * BLOCK + tl.arange(0, 2 * BLOCK)
     if HAS_BIAS:
         tl.store(BIAS_OUT + out, bias_sums)
@@ -109,9 +127,17 @@ def _band_sums(
 
 
 def tile_size(dtype: torch.dtype, head_dim: int) -> int:
-    """``B`` of the square ``B x B`` tiles: 64 in 16-bit and fp32 up to head_dim 64, 32 for wider fp32 heads
-    (four fp32 ``[64, 128]`` operand tiles are 128 KiB). Not tuned on a GPU yet."""
-    return 32 if dtype == torch.float32 and head_dim > 64 else 64
+    """``B`` of the square ``B x B`` tiles: 64 in 16-bit, 32 in fp32 (at 64 its fp32 operand tiles spill
+    registers: :func:`warps`). Not timed on a GPU yet."""
+    return 32 if dtype == torch.float32 else 64
+
+
+def warps(dtype: torch.dtype, head_dim: int, scale: bool) -> int:
+    """Warps per program, the fewest registers with no spill in ``ptxas -v`` for sm_90 (Triton 3.6,
+    compiled offline: ``benchmarks/triton_resources.py``). 16-bit: 8 (with 4 the 64 x 64 tiles spill
+    once a scale table is summed too; with 8 kerple_log's, bf16 at head_dim 64, takes 118 registers a
+    thread, 233 with 4). fp32: 8, but 4 for a scale table over heads wider than 64, where 8 spills."""
+    return 4 if dtype == torch.float32 and scale and head_dim > 64 else 8
 
 
 def diagonal_partials(
@@ -148,9 +174,28 @@ def diagonal_partials(
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK=block, CHUNK=chunk,
         HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, HAS_WINDOW=window is not None,
         UPCAST=interpret and query.dtype != torch.float32,
-        INPUT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        INPUT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", GATHER_EACH_TILE=GATHER_EACH_TILE,
+        num_warps=warps(query.dtype, head_dim, scale is not None),
     )
     return bias_out, scale_out
+
+
+def offline_request(dtype: torch.dtype, head_dim: int, scale: bool, window: bool = False, block: int | None = None,
+                    num_warps: int | None = None, gather_each_tile: bool | None = None) -> dict:
+    """The arguments of :func:`kerple.measure.triton_offline.compile_here` for the kernel as
+    :func:`diagonal_partials` launches it on a GPU (a bias table, and a scale table when ``scale``)."""
+    element = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    pointers = dict.fromkeys(["Q", "K", "V", "DO"], f"*{element}")
+    pointers.update(dict.fromkeys(["LSE", "DELTA", "BIAS", "SCALE", "BIAS_OUT", "SCALE_OUT"], "*fp32"))
+    integers = ["stride_qb", "stride_qh", "stride_ql", "stride_kb", "stride_kh", "stride_kl", "stride_vb", "stride_vh",
+                "stride_vl", "stride_ob", "stride_oh", "stride_ol", "heads", "length", "window", "query_blocks"]
+    constexprs = dict(
+        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK=block or tile_size(dtype, head_dim),
+        CHUNK=CHUNK, HAS_BIAS=True, HAS_SCALE=scale, HAS_WINDOW=window, UPCAST=False,
+        INPUT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+        GATHER_EACH_TILE=GATHER_EACH_TILE if gather_each_tile is None else gather_each_tile)
+    return {"kernel": f"{__name__}:_band_sums", "signature": {**pointers, **dict.fromkeys(integers, "i32"), "sm_scale": "fp32"},
+            "constexprs": constexprs, "num_warps": num_warps or warps(dtype, head_dim, scale)}
 
 
 def distance_sums_from_partials(partials: torch.Tensor, heads: int, length: int) -> torch.Tensor:

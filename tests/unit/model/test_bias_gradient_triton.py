@@ -56,15 +56,21 @@ def test_kernel_equals_autograd_fp32_head_dim_128(name: str, window: int | None)
     assert max(errors.values()) < 1e-4, errors
 
 
-def test_kernel_over_several_chunks() -> None:
-    """More query blocks than a program walks (:data:`CHUNK`): 300 tokens in 16 x 16 tiles, 19 query blocks."""
-    errors = _kernel_errors(eager_case("kerple_log", (1, 2, 300, 16)), None, block=16)
+@pytest.mark.parametrize("gather_each_tile", [False, True], ids=["gather-once", "gather-each-tile"])
+@pytest.mark.parametrize("name", ["kerple_log", "kerple_bias_wht"])
+def test_kernel_over_several_chunks(name: str, gather_each_tile: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More query blocks than a program walks (:data:`CHUNK`): 300 tokens in 16 x 16 tiles, 19 query blocks,
+    a program's tiles summed along the diagonals once (the default) or tile by tile; a bias and a scale."""
+    from kerple.model import bias_gradient_triton
+
+    monkeypatch.setattr(bias_gradient_triton, "GATHER_EACH_TILE", gather_each_tile)
+    errors = _kernel_errors(eager_case(name, (1, 2, 300, 16)), None, block=16)
     assert max(errors.values()) < 1e-4, errors
 
 
 @pytest.mark.parametrize("head_dim", [8, 48])
 def test_kernel_default_tiles_and_odd_head_dim(head_dim: int) -> None:
-    """The kernel's own tile choice (64 x 64 in fp32) over 100 tokens, head_dim padded to 16 or 64 lanes."""
+    """The kernel's own tile choice (32 x 32 in fp32) over 100 tokens, head_dim padded to 16 or 64 lanes."""
     errors = _kernel_errors(eager_case("kerple_log3", (1, 2, 100, head_dim)), None, block=None)
     assert max(errors.values()) < 1e-4, errors
 
@@ -111,3 +117,27 @@ def test_tiles_narrower_than_16_or_not_a_power_of_two_are_refused(block: int) ->
     case = eager_case("kerple_log", (1, 2, 40, 16))
     with pytest.raises(ValueError, match=f"block {block}: the tiles are 16, 32 or 64 wide"):
         _kernel_errors(case, None, block=block)
+
+
+@pytest.mark.slow
+@pytest.mark.process
+def test_every_launch_compiles_for_sm90_without_spilling_registers() -> None:
+    """Compiled offline for an H100/H200 (Triton and its ``ptxas``, no GPU): each launch configuration of
+    :func:`~kerple.model.bias_gradient_triton.diagonal_partials` compiles and spills no register. The
+    measurement sees both faults: 4 warps on bf16 64 x 64 tiles with a scale table spill, and 8 x 8 tiles
+    fail in Triton's passes as they did on an H200."""
+    from kerple.measure.triton_offline import kernel_resources
+
+    launches = [(torch.bfloat16, 64, False, False), (torch.bfloat16, 64, True, True), (torch.bfloat16, 128, True, False),
+                (torch.float32, 128, True, False)]
+    requests = [bias_gradient_triton.offline_request(dtype, head_dim, scale, window)
+                for dtype, head_dim, scale, window in launches]
+    faults = [bias_gradient_triton.offline_request(torch.bfloat16, 64, True, num_warps=4),
+              bias_gradient_triton.offline_request(torch.bfloat16, 16, False, block=8)]
+    found = kernel_resources(requests + faults)
+    for launch, resources in zip(launches, found):
+        assert resources.error is None and resources.spill_stores == resources.spill_loads == 0, (launch, resources)
+        assert 0 < resources.registers <= 255 and resources.shared_bytes > 0, (launch, resources)
+    spilling, refused = found[len(launches):]
+    assert spilling.error is None and spilling.spill_stores > 0, spilling
+    assert refused.error is not None and "PassManager" in refused.error, refused

@@ -1,0 +1,71 @@
+"""Registers, spills and shared memory of the bias-gradient Triton kernel on an NVIDIA GPU, compiled here.
+
+No GPU is needed: :mod:`kerple.measure.triton_offline` compiles each launch configuration for
+``sm_<arch>`` with Triton and the ``ptxas`` its wheel carries, and reads ``ptxas -v``. One row per
+configuration of :func:`kerple.model.bias_gradient_triton.diagonal_partials` (dtype, head_dim, a scale
+table or not) x warps per program x the order of the diagonal sums (once per program, the default, or
+per tile). A spill is local memory traffic inside the kernel's loop; fewer registers a thread leave room
+for more programs per SM. Time still needs a GPU (``benchmarks/bias_gradient.py``). About 10-20 s per
+configuration on a CPU, cached by Triton after the first run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+
+import torch
+
+from kerple.errors import entry_point
+from kerple.flags import name_list
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--dtypes", default="bf16", help=f"comma-separated: {', '.join(DTYPES)}")
+    parser.add_argument("--head-dims", default="64,128", help="comma-separated head dimensions")
+    parser.add_argument("--warps", default="4,8", help="comma-separated warps per program")
+    parser.add_argument("--arch", type=int, default=90, choices=(80, 90), help="sm_80 (A100) or sm_90 (H100, H200)")
+    args = parser.parse_args(argv)
+    args.dtypes = name_list("--dtypes", args.dtypes, list(DTYPES))
+    for flag in ("head_dims", "warps"):
+        words = getattr(args, flag).split(",")
+        if not all(word.strip().isdigit() and int(word) > 0 for word in words):
+            parser.error(f"--{flag.replace('_', '-')} takes positive integers separated by commas, not {getattr(args, flag)!r}")
+        setattr(args, flag, [int(word) for word in words])
+    return args
+
+
+@entry_point("triton_resources.py")
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from kerple.measure.triton_offline import kernel_resources
+    from kerple.model.bias_gradient_triton import GATHER_EACH_TILE, offline_request, tile_size, warps
+
+    cases = list(itertools.product(args.dtypes, args.head_dims, (False, True), args.warps, (False, True)))
+    requests = [offline_request(DTYPES[dtype], head_dim, scale, num_warps=warps, gather_each_tile=each)
+                for dtype, head_dim, scale, warps, each in cases]
+    for request in requests:
+        request["arch"] = args.arch
+    print(f"bias-gradient kernel for sm_{args.arch}, compiled offline ({len(cases)} configurations); "
+          "launched: what diagonal_partials launches\n")
+    print("| dtype | head_dim | tile | tables | warps | diagonal sums | launched | registers | spill stores / loads (B) "
+          "| shared (KiB) |")
+    print("|---|---:|---:|---|---:|---|---|---:|---:|---:|")
+    for (dtype, head_dim, scale, count, each), found in zip(cases, kernel_resources(requests)):
+        tile = tile_size(DTYPES[dtype], head_dim)
+        launched = count == warps(DTYPES[dtype], head_dim, scale) and each == GATHER_EACH_TILE
+        head = f"| {dtype} | {head_dim} | {tile} | {'bias, scale' if scale else 'bias'} | {count} | " \
+               f"{'per tile' if each else 'per program'} | {'yes' if launched else ''} |"
+        if found.error:
+            print(f"{head} did not compile: {found.error} | | |")
+        else:
+            print(f"{head} {found.registers} | {found.spill_stores} / {found.spill_loads} | {found.shared_bytes / 1024:g} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
