@@ -9,6 +9,8 @@
   training step, read from ``torch.profiler``;
 * :mod:`kerple.measure.eval_memory` and its subprocess :mod:`kerple.measure.eval_worker`: peak
   memory and tokens/s of a no-grad evaluation per attention implementation and length.
+* :mod:`kerple.measure.triton_offline`: a Triton kernel compiled for an NVIDIA GPU on any machine,
+  its registers, spills and shared memory from ``ptxas -v``.
 
 Nothing here imports the scripts that use it; the modules import nothing at package level, so
 ``python -m kerple.measure.eval_worker`` loads only what it needs.
