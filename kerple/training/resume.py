@@ -146,7 +146,10 @@ def restore_run_state(
     elif not resumable and parallel.is_main:
         kind = "a model- or pipeline-parallel size other than this run's" if state.is_own_format else "the reference format"
         print(f"note: {resumed.directory} is in {kind}; weights and iteration loaded, optimizer state starts fresh", flush=True)
-    if state.lr_scheduler is not None and not ck.no_load_optim:
+    # evaluation only (train_iters: 0, the reference's evaluation recipe) or a finished run takes no
+    # step, so the checkpoint's schedule has nothing to disagree with
+    trains = cfg.training.train_iters > iteration
+    if state.lr_scheduler is not None and not ck.no_load_optim and trains:
         scheduler.load_state_dict(state.lr_scheduler)
     else:
         scheduler.step(iteration)
