@@ -337,7 +337,8 @@ def build_datasets_from_config(cfg: Any, num_samples: tuple[int, int, int], cach
         return SplitDatasets(*built)
     prefix = _single_path(getattr(data, "data_path", None), "data-path")
     if prefix is None:
-        raise DataError("config: set data-path (or train-/valid-/test-data-paths)")
+        raise DataError("no config sets data_path (or train_data_paths): add a data config such as "
+                        "configs/data/stdlib_bpe.yml (its data from prepare_data.py), or data_path=PREFIX")
     require_dataset_files(cfg, "data_path", prefix)
     return build_train_valid_test_datasets(
         prefix, str(getattr(data, "split", None) or "969,30,1"), num_samples, seq_length, seed, seq_length_eval, cache

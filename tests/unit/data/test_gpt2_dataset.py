@@ -168,6 +168,9 @@ def test_a_missing_dataset_names_its_key_its_file_and_the_slip(tmp_path: Path) -
         with pytest.raises(DataError) as error:
             build_datasets_from_config(load_config([config]), (20, 4, 0), cache=False)
         assert str(error.value) == f"data_path {value} ({config}): {value}.idx and {value}.bin not found; {fix}"
+    with pytest.raises(DataError, match=r"^no config sets data_path \(or train_data_paths\): add a data config such as "
+                                        r"configs/data/stdlib_bpe.yml \(its data from prepare_data.py\), or data_path=PREFIX$"):
+        build_datasets_from_config(load_config([]), (20, 4, 0), cache=False)
     cfg = load_config([config], {"data_path": str(prefix), "valid_data_paths": [str(tmp_path / "gone")]})
     with pytest.raises(DataError, match=r"^valid_data_paths \S+gone \(<command line>\): \S+gone.idx and \S+gone.bin not found"):
         build_datasets_from_config(cfg, (0, 4, 0), cache=False)
