@@ -196,3 +196,23 @@ def test_train_iters_0_evaluates_a_trained_run_without_a_schedule_check(parallel
     assert "schedule   none: train_iters 0 evaluates the model at step 3 and trains no step" in capsys.readouterr().out
     lowered = train(tiny_config(corpus, train_iters=2, **settings), parallel)
     assert lowered.status == "already finished" and lowered.iteration == 3
+
+
+def test_resuming_a_converted_checkpoint_says_the_optimizer_starts_fresh(parallel, corpus: Path, tmp_path: Path,
+                                                                         capsys) -> None:
+    """A conversion keeps weights and iteration only; resuming from it restarted Adam without a word."""
+    from kerple.checkpoint.convert import main as convert_main
+
+    settings = dict(lr_decay_iters=10, eval_iters=1)
+    train(tiny_config(corpus, train_iters=2, save=str(tmp_path / "run"), load=str(tmp_path / "run"), **settings), parallel)
+    assert convert_main([str(tmp_path / "run"), str(tmp_path / "converted"), "--to", "kerple"]) == 0
+    capsys.readouterr()
+    converted = tmp_path / "converted"
+    result = train(tiny_config(corpus, train_iters=3, save=str(converted), load=str(converted), **settings), parallel)
+    assert result.status == "finished" and result.iteration == 3
+    assert (f"note: {converted / 'global_step2'} holds no optimizer state (a converted checkpoint, or one saved with "
+            "no_save_optim); weights and iteration loaded, optimizer state starts fresh, the learning rate follows "
+            "the config's schedule") in capsys.readouterr().out
+    capsys.readouterr()
+    train(tiny_config(corpus, train_iters=4, save=str(converted), load=str(converted), **settings), parallel)
+    assert "holds no optimizer state" not in capsys.readouterr().out  # its own checkpoint at step 3 has one
