@@ -100,15 +100,17 @@ def _neox_yaml(config: dict[str, Any]) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="convert_checkpoint.py", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="convert_checkpoint.py", description="\n\n".join(__doc__.split("\n\n")[:2]).replace("``", ""), formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("source", help="checkpoint directory or Hugging Face folder")
     parser.add_argument("output", help="output directory: new, or holding only earlier checkpoints (--to hf: new or empty)")
-    parser.add_argument("--to", choices=("kerple", "neox", "hf"), required=True)
+    parser.add_argument("--to", choices=("kerple", "neox", "hf"), required=True,
+                        help="kerple or neox: a checkpoint folder (GPT-NeoX's layout); hf: a transformers folder")
     parser.add_argument("--config", nargs="*", default=[], help="YAML files and key=value overrides of the model")
-    parser.add_argument("--iteration", type=int)
+    parser.add_argument("--iteration", type=int, help="the source's step to convert (default: its 'latest')")
     parser.add_argument("--model-parallel", type=int, default=1, help="model-parallel size of the output (kerple/neox)")
-    parser.add_argument("--layout", choices=("pipeline", "sequential"), default="pipeline")
+    parser.add_argument("--layout", choices=("pipeline", "sequential"), default="pipeline",
+                        help="layer_XX files (pipeline, as the KERPLE checkpoints) or the weights in each mp_rank file (sequential)")
     parser.add_argument("--output-layer-parallelism", choices=("column", "row"), default="column",
                         help="how the untied LM head is split over model-parallel ranks (neox output)")
     parser.add_argument("--hf-target", choices=("gpt_neox", "gpt2", "kerple"), help="default: chosen from pos_emb")
