@@ -26,6 +26,31 @@ def add_config_arguments(parser: argparse.ArgumentParser, detail: str = "", *, r
 
 
 
+def config_key_hint(unknown: Iterable[str], argv: list[str]) -> str:
+    """``"config keys are key=value words: train_iters=5"`` when an unknown ``--flag`` of ``argv``
+    names a config key (the spelling of argparse-style trainers), else ``""``."""
+    from kerple.config.neox_keys import KEY_INDEX, normalize_key
+
+    for word in unknown:
+        name, equals, value = word.removeprefix("--").partition("=")
+        if not word.startswith("--") or normalize_key(name) not in KEY_INDEX:
+            continue
+        if not equals and word in argv and argv.index(word) + 1 < len(argv):
+            value = argv[argv.index(word) + 1]
+        return f"config keys are key=value words: {normalize_key(name)}={value or 'VALUE'}"
+    return ""
+
+
+def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parser.parse_intermixed_args(argv)``, whose refusal of an unknown ``--flag`` that is a
+    config key says how to set the key."""
+    args, unknown = parser.parse_known_intermixed_args(argv)
+    if unknown:
+        hint = config_key_hint(unknown, argv)
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" ({hint})" if hint else ""))
+    return args
+
+
 def split_arguments(arguments: Iterable[str]) -> tuple[list[str], list[str]]:
     """Split command-line words into YAML paths and ``key=value`` overrides (words with ``=``),
     each in the order given; every entry point reads its config arguments this way."""

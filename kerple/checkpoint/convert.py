@@ -100,15 +100,17 @@ def _neox_yaml(config: dict[str, Any]) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="convert_checkpoint.py", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="convert_checkpoint.py", description="\n\n".join(__doc__.split("\n\n")[:2]).replace("``", ""), formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("source", help="checkpoint directory or Hugging Face folder")
-    parser.add_argument("output", help="output directory (must not hold a checkpoint of the same iteration)")
-    parser.add_argument("--to", choices=("kerple", "neox", "hf"), required=True)
+    parser.add_argument("output", help="output directory: new, or holding only earlier checkpoints (--to hf: new or empty)")
+    parser.add_argument("--to", choices=("kerple", "neox", "hf"), required=True,
+                        help="kerple or neox: a checkpoint folder (GPT-NeoX's layout); hf: a transformers folder")
     parser.add_argument("--config", nargs="*", default=[], help="YAML files and key=value overrides of the model")
-    parser.add_argument("--iteration", type=int)
+    parser.add_argument("--iteration", type=int, help="the source's step to convert (default: its 'latest')")
     parser.add_argument("--model-parallel", type=int, default=1, help="model-parallel size of the output (kerple/neox)")
-    parser.add_argument("--layout", choices=("pipeline", "sequential"), default="pipeline")
+    parser.add_argument("--layout", choices=("pipeline", "sequential"), default="pipeline",
+                        help="layer_XX files (pipeline, as the KERPLE checkpoints) or the weights in each mp_rank file (sequential)")
     parser.add_argument("--output-layer-parallelism", choices=("column", "row"), default="column",
                         help="how the untied LM head is split over model-parallel ranks (neox output)")
     parser.add_argument("--hf-target", choices=("gpt_neox", "gpt2", "kerple"), help="default: chosen from pos_emb")
@@ -128,6 +130,21 @@ def check_arguments(args: argparse.Namespace) -> None:
     for flag, value, least in (("--model-parallel", args.model_parallel, 1), ("--iteration", args.iteration, 0)):
         if value is not None and value < least:
             raise UsageError(f"{flag} {value}: expected an integer of at least {least}")
+
+
+def check_no_later_checkpoint(output: Path, iteration: int) -> None:
+    """Refuse to write step ``iteration`` into a folder whose ``latest`` names a later step: the write
+    points ``latest`` at the new step, so a run resuming from the folder would rewind."""
+    from kerple.checkpoint.files import find_checkpoint
+
+    try:
+        found = find_checkpoint(output)
+    except CheckpointError:
+        return  # no readable 'latest' to move back
+    step = found.name.removeprefix("global_step") if found is not None else ""
+    if step.isdigit() and int(step) > iteration:
+        raise UsageError(f"output {output} holds a later checkpoint ({found.name}); writing step {iteration} there would "
+                         "point its 'latest' back and a run resuming from it would rewind: choose a new output folder")
 
 
 def conversion_config(words: list[str], source_config: dict[str, Any]) -> Any:
@@ -176,6 +193,7 @@ def convert(args: argparse.Namespace) -> Path:
                                      iteration=iteration)
         print(f"export: {describe_export(flat, args.hf_target)}", file=sys.stderr)
         return written
+    check_no_later_checkpoint(out, iteration)
     flavor = "neox" if args.to == "neox" else "kerple"
     if flavor == "neox":
         text = yaml.safe_dump({key.replace("_", "-"): value for key, value in _neox_yaml(flat).items()}, sort_keys=False)

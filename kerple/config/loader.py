@@ -28,7 +28,7 @@ import yaml
 from kerple.cli import split_arguments  # noqa: F401 - re-exported: kerple.config.split_arguments
 from kerple.config.config import Config
 from kerple.config.errors import COMMAND_LINE, DEFAULT, SOURCES_COMMENT, THIS_COMMAND, ConfigError
-from kerple.config.neox_checks import compatibility_note
+from kerple.config.neox_checks import compatibility_note, unused_data_path_note
 from kerple.config.neox_keys import FREE_BLOCKS, KEY_INDEX, Entry, flatten, key_of, normalize_key
 from kerple.config.sections import SECTIONS
 
@@ -198,9 +198,9 @@ def load_config(
     if fixed:
         _merge_into(merged, flatten(dict(fixed), THIS_COMMAND), log=False)
     cfg = build_config(merged)
-    note = compatibility_note(cfg)
-    if note:
-        logger.info("%s", note)
+    for note in (compatibility_note(cfg), unused_data_path_note(cfg)):
+        if note:
+            logger.info("%s", note)
     return cfg
 
 

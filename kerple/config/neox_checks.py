@@ -220,3 +220,16 @@ def compatibility_note(cfg: Config) -> str | None:
     if not lines:
         return None
     return f"GPT-NeoX keys accepted without effect in kerple ({len(lines)}):\n" + "\n".join(lines)
+
+
+def unused_data_path_note(cfg: Config) -> str | None:
+    """A warning when ``data_path`` is set beside ``train_data_paths``, which win (as in GPT-NeoX): a
+    ``data_path`` added over a data config that names separate files would otherwise be ignored
+    without a word."""
+    data = cfg.data
+    if not data.data_path or not data.train_data_paths:
+        return None
+    return (f"warning: data_path {data.data_path} ({cfg.provenance('data.data_path')[0]}) is not used: "
+            f"train_data_paths {data.train_data_paths} ({cfg.provenance('data.train_data_paths')[0]}) take precedence, "
+            "as in GPT-NeoX; to train on data_path, also set train_data_paths=null valid_data_paths=null "
+            "test_data_paths=null")

@@ -24,7 +24,8 @@ import numpy as np
 
 from kerple.atomic import atomic_path
 from kerple.data.errors import DataError
-from kerple.data.indexed_dataset import MMapIndexedDataset
+from kerple.data.indexed_dataset import MMapIndexedDataset, index_path
+from kerple.data.indexed_dataset import data_path as bin_path
 
 SPLIT_NAMES = ("train", "valid", "test")
 
@@ -284,6 +285,23 @@ def neox_num_samples(
     )
 
 
+def require_dataset_files(cfg: Any, key: str, prefix: str | Path) -> None:
+    """Refuse a dataset prefix from config key ``data.<key>`` whose ``.idx`` or ``.bin`` is missing, naming
+    the key, the file that set it and the likely slip (a file name for the prefix, a prefix missing
+    ``_text_document``); the reader alone can name only the missing file."""
+    prefix = str(prefix)
+    missing = [str(path) for path in (index_path(prefix), bin_path(prefix)) if not path.is_file()]
+    if not missing:
+        return
+    if prefix.endswith((".bin", ".idx")):
+        fix = f"give the prefix without the extension ({prefix[:-4]})"
+    elif index_path(f"{prefix}_text_document").is_file():
+        fix = f"did you mean {prefix}_text_document?"
+    else:
+        fix = "fix the path in the config, or prepare the data (prepare_data.py)"
+    raise DataError(f"{key} {prefix} ({cfg.provenance(f'data.{key}')[0]}): {' and '.join(missing)} not found; {fix}")
+
+
 def _single_path(value: Any, field: str) -> str | None:
     """A path field that may be a string or a one-element list (blending is not supported)."""
     if value is None or value == "" or value == []:
@@ -314,11 +332,14 @@ def build_datasets_from_config(cfg: Any, num_samples: tuple[int, int, int], cach
             if prefix is None or num_samples[position] <= 0:
                 built.append(None)
             else:
+                require_dataset_files(cfg, f"{name}_data_paths", prefix)
                 built.append(build_single_dataset(name, prefix, num_samples[position], length, seed, cache))
         return SplitDatasets(*built)
     prefix = _single_path(getattr(data, "data_path", None), "data-path")
     if prefix is None:
-        raise DataError("config: set data-path (or train-/valid-/test-data-paths)")
+        raise DataError("no config sets data_path (or train_data_paths): add a data config such as "
+                        "configs/data/stdlib_bpe.yml (its data from prepare_data.py), or data_path=PREFIX")
+    require_dataset_files(cfg, "data_path", prefix)
     return build_train_valid_test_datasets(
         prefix, str(getattr(data, "split", None) or "969,30,1"), num_samples, seq_length, seed, seq_length_eval, cache
     )

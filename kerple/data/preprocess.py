@@ -330,6 +330,10 @@ def parser() -> argparse.ArgumentParser:
     cli.add_argument("--force", action="store_true", help="redo a dataset that is already prepared")
     cli.add_argument("--no-append-eod", dest="append_eod", action="store_false",
                      help="do not end each document with the EOD token")
+    # GPT-NeoX's preprocess_data.py spellings, so its commands run as written: EOD is already the
+    # default here, and mmap is the one format written
+    cli.add_argument("--append-eod", dest="append_eod", action="store_true", help="end each document with the EOD token (the default)")
+    cli.add_argument("--dataset-impl", choices=["mmap"], help="mmap, the one format written")
     cli.add_argument("--split", default="949,50,1",
                      help="train,valid,test weights for local sources: one to three, the missing ones 0 "
                           "(949,50 holds out no test part); default 949,50,1")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from kerple.cli import add_config_arguments, split_arguments
+from kerple.cli import add_config_arguments, parse_command_line, split_arguments
 from kerple.evaluation import protocols
 from kerple.evaluation.errors import EvaluationError
 from kerple.outputs import check_output_file
@@ -80,7 +80,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 def check_command_line(argv: list[str]) -> argparse.Namespace:
     """Parse ``argv`` and refuse what is wrong without a config or a model: the numbers, and an
     output that cannot be written or would replace an input (``EvaluationError``/``UsageError``)."""
-    args = build_parser().parse_intermixed_args(argv)
+    args = parse_command_line(build_parser(), argv)
     check_arguments(args)
     check_output_file(args.output, "--output", inputs=split_arguments(args.configs)[0],
                       folders=[args.load] if args.load else [])

@@ -25,6 +25,7 @@ import torch
 
 from kerple import positional
 from kerple.atomic import write_json_atomic as _write_json_atomic
+from kerple.cli import parse_command_line
 from kerple.config import split_arguments
 from kerple.errors import INTERRUPTED_STATUS, entry_point
 from kerple.evaluation.arguments import DEFAULT_NUM_TOKENS, build_parser, check_arguments
@@ -288,7 +289,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``evaluate.py``; returns 2 on bad configs or impossible evaluations, 130 when
     interrupted (Ctrl-C), saying which lengths the results file keeps."""
-    args = build_parser().parse_intermixed_args(argv)
+    args = parse_command_line(build_parser(), argv)
     try:
         run(args)
     except KeyboardInterrupt:

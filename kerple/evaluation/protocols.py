@@ -21,6 +21,7 @@ window is scored: positions ``score_from .. n - 1``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,9 +73,9 @@ def nonoverlap(
     """Plans for the paper's non-overlapping evaluation (§5.2), one per length.
 
     Default (``num_windows`` is None): every length scores the same label tokens
-    ``stream[1 : T + 1]`` with ``T`` the largest multiple of ``max(lengths)`` that fits in the
-    stream (or in ``num_tokens`` when given), so each length needs ``T / L`` windows; lengths must
-    then divide ``T`` (powers of two do). With ``num_windows`` every length reads that many windows.
+    ``stream[1 : T + 1]`` with ``T`` the largest multiple of the lengths' least common multiple
+    (``max(lengths)`` for powers of two) that fits in the stream (or in ``num_tokens`` when given),
+    so each length needs ``T / L`` windows. With ``num_windows`` every length reads that many windows.
     """
     _check_lengths(lengths, stream_len, minimum=1)
     if num_tokens is not None and num_windows is not None:
@@ -92,30 +93,32 @@ def nonoverlap(
             starts = np.arange(num_windows, dtype=np.int64) * length
             plans.append(WindowPlan("nonoverlap", length, length, starts, np.zeros(num_windows, np.int64)))
         return plans
-    total = _common_token_budget(stream_len, lengths, num_tokens)
+    total = _common_token_budget(stream_len, lengths, num_tokens, unit=math.lcm(*lengths))
     for length in lengths:
-        if total % length:
-            raise ProtocolError(
-                f"length {length} does not divide the {total} scored tokens shared by all lengths; "
-                f"use lengths that divide {max(lengths)} or pass --num-windows"
-            )
         count = total // length
         starts = np.arange(count, dtype=np.int64) * length
         plans.append(WindowPlan("nonoverlap", length, length, starts, np.zeros(count, np.int64)))
     return plans
 
 
-def _common_token_budget(stream_len: int, lengths: list[int], num_tokens: int | None) -> int:
-    """Largest multiple of ``max(lengths)`` not above ``num_tokens`` (or the stream's capacity)."""
+def _common_token_budget(stream_len: int, lengths: list[int], num_tokens: int | None, unit: int | None = None) -> int:
+    """Largest multiple of ``unit`` (default ``max(lengths)``) not above ``num_tokens`` (or the stream's capacity)."""
     longest = max(lengths)
     capacity = stream_len - 1  # the last token is only ever a label
     budget = capacity if num_tokens is None else min(num_tokens, capacity)
     if num_tokens is not None and num_tokens > capacity:
         raise ProtocolError(f"asked to score {num_tokens} tokens; the stream has only {capacity} labels")
-    total = (budget // longest) * longest
-    if total == 0:
+    if budget < longest:
         raise ProtocolError(f"{budget} tokens are fewer than one window of the longest length {longest}")
-    return total
+    unit = unit or longest
+    if budget < unit:
+        tokens = f" or --num-tokens {unit}" if unit <= capacity else ""
+        raise ProtocolError(
+            f"lengths {', '.join(map(str, lengths))} tile the same tokens only in multiples of {unit} (their least "
+            f"common multiple), more than the {budget} tokens scored; pass --num-windows N (N windows at every "
+            f"length){tokens}"
+        )
+    return (budget // unit) * unit
 
 
 def sliding(

@@ -70,7 +70,7 @@ def load_split_documents(cfg: Any, split: str) -> list[np.ndarray]:
     ``cfg.data.<split>_data_paths`` when set, otherwise the ``split`` range of ``cfg.data.data_path``
     (the same contiguous document ranges the trainer uses, docs/reference-format.md §7).
     """
-    from kerple.data.gpt2_dataset import split_boundaries
+    from kerple.data.gpt2_dataset import require_dataset_files, split_boundaries
     from kerple.data.indexed_dataset import MMapIndexedDataset
 
     if split not in SPLITS:
@@ -79,6 +79,7 @@ def load_split_documents(cfg: Any, split: str) -> list[np.ndarray]:
     separate = getattr(data, f"{split}_data_paths", None)
     if separate:
         prefix = separate[0] if isinstance(separate, (list, tuple)) else separate
+        require_dataset_files(cfg, f"{split}_data_paths", prefix)
         indexed = MMapIndexedDataset(prefix)
         first, last = 0, len(indexed)
     else:
@@ -87,6 +88,7 @@ def load_split_documents(cfg: Any, split: str) -> list[np.ndarray]:
             raise EvaluationError(f"the config sets no data_path (nor {split}_data_paths) to evaluate on: add "
                                   f"{split}_data_paths=[PREFIX] or data_path=PREFIX, or name the run's YAML configs "
                                   "with a data one (e.g. configs/data/stdlib.yml)")
+        require_dataset_files(cfg, "data_path", prefix)
         indexed = MMapIndexedDataset(prefix)
         bounds = split_boundaries(str(data.split or "969,30,1"), len(indexed))
         position = SPLITS.index(split)

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kerple.cli import add_config_arguments
+from kerple.cli import add_config_arguments, config_key_hint
 from kerple.errors import INTERRUPTED_STATUS, KerpleError, UsageError, entry_point, exit_on_interrupt
 from kerple.outputs import check_output_folder
 
@@ -100,7 +100,9 @@ def train_main(argv: list[str]) -> int:
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     known, unknown = parser.parse_known_intermixed_args(argv)
     if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)} (train.py's flags: --dry-run, --trust-checkpoint)")
+        hint = config_key_hint(unknown, argv)
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (train.py's flags: --dry-run, --trust-checkpoint"
+                     f"{'; ' + hint if hint else ''})")
     with exit_on_interrupt("train.py"):  # nothing is written until run_training
         from kerple.config import load_config, parse_overrides, split_arguments
         from kerple.parallel.groups import prepare_environment
@@ -164,8 +166,10 @@ def deepy_main(argv: list[str]) -> int:
         rest, known.script_args = [w for w in words if not w.startswith("-")], [w for w in words if w.startswith("-")]
         unknown = [word for word in known.script_args if word not in TRAIN_FLAGS]
         if unknown:
+            hint = config_key_hint(unknown, argv)
             parser.error(f"unrecognized arguments: {' '.join(unknown)} (deepy.py's flags: -d/--conf_dir, --hostfile, "
-                         "--num_gpus, --include, --master_port, --trust-checkpoint; train.py's: --dry-run)")
+                         f"--num_gpus, --include, --master_port, --trust-checkpoint; train.py's: --dry-run"
+                         f"{'; ' + hint if hint else ''})")
     check_launch_arguments(known)
     with exit_on_interrupt("deepy.py"):  # nothing is written until the resolved config
         from kerple.config import load_config, parse_overrides, split_arguments

@@ -142,11 +142,18 @@ def restore_run_state(
     consumed = iteration * global_batch if state.consumed_train_samples is None else int(state.consumed_train_samples)
     resumable = state.optimizer_resumable(parallel.model_parallel_size, parallel.pipe_parallel_size)
     if resumable and not ck.no_load_optim:
+        if state.optimizer is None and not state.optimizer_sharded and parallel.is_main:
+            schedule = ", the learning rate follows the config's schedule" if state.lr_scheduler is None else ""
+            print(f"note: {resumed.directory} holds no optimizer state (a converted checkpoint, or one saved with "
+                  f"no_save_optim); weights and iteration loaded, optimizer state starts fresh{schedule}", flush=True)
         _restore_optimizer(engine, state, resumed.directory, parallel, trust)
     elif not resumable and parallel.is_main:
         kind = "a model- or pipeline-parallel size other than this run's" if state.is_own_format else "the reference format"
         print(f"note: {resumed.directory} is in {kind}; weights and iteration loaded, optimizer state starts fresh", flush=True)
-    if state.lr_scheduler is not None and not ck.no_load_optim:
+    # evaluation only (train_iters: 0, the reference's evaluation recipe) or a finished run takes no
+    # step, so the checkpoint's schedule has nothing to disagree with
+    trains = cfg.training.train_iters > iteration
+    if state.lr_scheduler is not None and not ck.no_load_optim and trains:
         scheduler.load_state_dict(state.lr_scheduler)
     else:
         scheduler.step(iteration)

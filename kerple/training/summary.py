@@ -43,6 +43,8 @@ def schedule_line(cfg: Any, scheduler: Any | None = None, start_iteration: int =
     """The schedule the run follows: ``scheduler``'s values when given (after a resume with
     ``use_checkpoint_lr_scheduler`` they are the checkpoint's, not the config's), else the config's."""
     schedule, iters = cfg.lr_schedule, cfg.training.train_iters
+    if iters == 0:
+        return f"  schedule   none: train_iters 0 evaluates the model at step {start_iteration} and trains no step"
     configured = (cfg.optimizer.lr, schedule.lr_decay_style, schedule.lr_decay_iters or max(iters, 1), schedule.min_lr)
     if scheduler is None:
         lr, style, decay, min_lr = configured

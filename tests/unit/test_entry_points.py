@@ -84,6 +84,22 @@ def test_an_unknown_flag_is_reported_as_a_flag(script: str, capsys: pytest.Captu
     assert "unrecognized arguments: --bogus-flag" in err and "cannot read" not in err
 
 
+@pytest.mark.parametrize(("script", "argv", "hint"), [
+    ("train.py", [*TINY, "--train-iters", "5"], "(train.py's flags: --dry-run, --trust-checkpoint; config keys are "
+                                                "key=value words: train_iters=5)"),
+    ("deepy.py", ["train.py", *TINY, "--seq_length=256"], "; config keys are key=value words: seq_length=256)"),
+    ("evaluate.py", [*TINY, "--eval-lengths", "64", "--output", "r.json", "--seq-length", "256"],
+     "(config keys are key=value words: seq_length=256)"),
+])
+def test_a_config_key_given_as_a_flag_says_how_to_set_it(script: str, argv: list[str], hint: str,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    """torchtitan- and argparse-style `--train-iters 5` was refused without saying that keys are key=value."""
+    main = {"train.py": training_cli.train_main, "deepy.py": training_cli.deepy_main, "evaluate.py": evaluate_cli.main}[script]
+    with pytest.raises(SystemExit) as exit_status:
+        main(argv)
+    assert exit_status.value.code == 2 and hint in capsys.readouterr().err
+
+
 def test_deepy_refuses_abbreviated_flags(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_status:
         training_cli.deepy_main(["train.py", *TINY, "--num-gpu", "2"])  # not --num-gpus

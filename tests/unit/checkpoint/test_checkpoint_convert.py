@@ -61,6 +61,20 @@ def test_convert_with_a_wrong_config_names_the_fields(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_converting_into_a_folder_with_a_later_step_is_refused(tmp_path, capsys):
+    """The conversion pointed the folder's 'latest' at its older step: a resume from it rewound."""
+    source = write_reference_checkpoint(tmp_path / "ref", reference_tensors("kerple_log"), pos_emb="kerple_log")
+    out = tmp_path / "run"
+    assert convert_main([str(source), str(out), "--to", "kerple"]) == 0
+    (out / "global_step50").rename(out / "global_step60")  # the run went on to step 60
+    (out / "latest").write_text("global_step60")
+    capsys.readouterr()
+    assert convert_main([str(source), str(out), "--to", "neox"]) == 2
+    assert (f"convert_checkpoint.py: error: output {out} holds a later checkpoint (global_step60); writing step 50 "
+            "there would point its 'latest' back") in capsys.readouterr().err
+    assert (out / "latest").read_text() == "global_step60" and sorted(p.name for p in out.iterdir()) == ["global_step60", "latest"]
+
+
 def test_resplit_to_more_ranks_than_heads_is_refused(tmp_path, capsys):
     source = write_reference_checkpoint(tmp_path / "ref", reference_tensors("rpe"), pos_emb="rpe")
     assert convert_main([str(source), str(tmp_path / "out"), "--to", "neox", "--model-parallel", "3"]) == 2

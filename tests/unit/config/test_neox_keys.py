@@ -141,3 +141,21 @@ def test_entry_points_print_the_note(write, capsys, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     cli_load([write("q.yml", "rope_fusion: true\n")])
     assert capsys.readouterr().err == ""
+
+
+def test_a_data_path_that_separate_paths_override_is_said(write, capsys, monkeypatch):
+    """data_path over a data config naming train_data_paths trained on the latter without a word."""
+    @entry_point("prog")
+    def cli_load(paths: list[str], overrides: dict | None = None) -> int:
+        load_config(paths, overrides)
+        return 0
+
+    monkeypatch.delenv("RANK", raising=False)
+    separate = write("data.yml", "train-data-paths: [data/a/a_train]\nvalid-data-paths: [data/a/a_valid]\n")
+    mine = write("mine.yml", "data-path: data/mine/mine_text_document\n")
+    cli_load([separate, mine])
+    assert (f"warning: data_path data/mine/mine_text_document ({mine}) is not used: train_data_paths "
+            f"['data/a/a_train'] ({separate}) take precedence") in capsys.readouterr().err
+    cli_load([separate, mine], {"train_data_paths": None, "valid_data_paths": None})
+    cli_load([separate])
+    assert "warning" not in capsys.readouterr().err

@@ -155,6 +155,27 @@ def test_build_from_config_split_and_separate_paths(tmp_path: Path) -> None:
         build_datasets_from_config(cfg, (20, 4, 4), cache=False)
 
 
+def test_a_missing_dataset_names_its_key_its_file_and_the_slip(tmp_path: Path) -> None:
+    """The error named only the missing .idx file, not the key or config file that gave the prefix."""
+    from kerple.config import load_config
+
+    prefix, _ = make_corpus(tmp_path, [40] * 30)
+    config = tmp_path / "mine.yml"
+    for value, fix in [(tmp_path / "corpus", f"did you mean {prefix}?"),
+                       (f"{prefix}.bin", f"give the prefix without the extension ({prefix})"),
+                       (tmp_path / "other", "fix the path in the config, or prepare the data (prepare_data.py)")]:
+        config.write_text(f"data-path: {value}\n")
+        with pytest.raises(DataError) as error:
+            build_datasets_from_config(load_config([config]), (20, 4, 0), cache=False)
+        assert str(error.value) == f"data_path {value} ({config}): {value}.idx and {value}.bin not found; {fix}"
+    with pytest.raises(DataError, match=r"^no config sets data_path \(or train_data_paths\): add a data config such as "
+                                        r"configs/data/stdlib_bpe.yml \(its data from prepare_data.py\), or data_path=PREFIX$"):
+        build_datasets_from_config(load_config([]), (20, 4, 0), cache=False)
+    cfg = load_config([config], {"data_path": str(prefix), "valid_data_paths": [str(tmp_path / "gone")]})
+    with pytest.raises(DataError, match=r"^valid_data_paths \S+gone \(<command line>\): \S+gone.idx and \S+gone.bin not found"):
+        build_datasets_from_config(cfg, (0, 4, 0), cache=False)
+
+
 def test_bad_split_string() -> None:
     with pytest.raises(DataError, match="split 'a,b'"):
         split_boundaries("a,b", 10)

@@ -328,6 +328,22 @@ def test_options_that_would_be_ignored_or_misread_are_refused(tmp_path: Path, ca
     assert not (tmp_path / "data").exists() and not (tmp_path / "o").exists()
 
 
+def test_gpt_neox_preprocess_flags_run_as_written(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """GPT-NeoX's command (--dataset-impl mmap --append-eod) stopped at 'unrecognized arguments'."""
+    (tmp_path / "t.jsonl").write_text(json.dumps({"text": "abc"}) + "\n" + json.dumps({"text": "de"}) + "\n")
+    common = ["--input", str(tmp_path / "t.jsonl"), "--tokenizer-type", "CharLevelTokenizer", "--quiet"]
+    preprocess.run([*common, "--output-prefix", str(tmp_path / "neox/n"), "--dataset-impl", "mmap", "--append-eod"])
+    preprocess.run([*common, "--output-prefix", str(tmp_path / "ours/n")])
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"neox/n_text_document{suffix}").read_bytes() == \
+            (tmp_path / f"ours/n_text_document{suffix}").read_bytes()
+    assert [len(document) for document in MMapIndexedDataset(tmp_path / "neox/n_text_document")] == [4, 3]  # + EOD
+    with pytest.raises(SystemExit) as stop:  # argparse's own refusal, with the usage line
+        preprocess.main([*common, "--output-prefix", str(tmp_path / "lazy/n"), "--dataset-impl", "lazy"])
+    assert stop.value.code == 2 and "--dataset-impl: invalid choice: 'lazy' (choose from 'mmap')" in capsys.readouterr().err
+    assert not (tmp_path / "lazy").exists()
+
+
 def test_smallest_trained_bpe_is_accepted(tmp_path: Path) -> None:
     (tmp_path / "t.txt").write_text("the smallest byte-level vocabulary has no merges\n")
     preprocess.run(["--input", str(tmp_path / "t.txt"), "--output-prefix", str(tmp_path / "o/x"),

@@ -36,8 +36,22 @@ def test_nonoverlap_num_tokens_and_fixed_window_count() -> None:
     assert [p.scored_tokens for p in fixed] == [12, 24]
     with pytest.raises(ProtocolError, match="need 105 tokens"):
         nonoverlap(100, [8], num_windows=13)
-    with pytest.raises(ProtocolError, match="does not divide"):
-        nonoverlap(100, [5, 8])
+
+
+def test_nonoverlap_lengths_that_do_not_divide_the_longest_share_their_common_multiple() -> None:
+    """Lengths such as 5 and 8 were refused ("use lengths that divide 8"): T was a multiple of the
+    longest length only. 99 labels hold one multiple of lcm(5, 8) = 40 twice: T = 80."""
+    plans = nonoverlap(100, [5, 8])
+    assert [p.num_windows for p in plans] == [16, 10] and [p.scored_tokens for p in plans] == [80, 80]
+    for plan in plans:
+        assert scored_label_indices(plan).tolist() == list(range(1, 81))
+    assert [p.num_windows for p in nonoverlap(100, [5, 8], num_tokens=79)] == [8, 5]  # 79 -> 40
+    with pytest.raises(ProtocolError, match=r"^lengths 7, 8 tile the same tokens only in multiples of 56 \(their least "
+                                            r"common multiple\), more than the 50 tokens scored; pass --num-windows N "
+                                            r"\(N windows at every length\) or --num-tokens 56$"):
+        nonoverlap(100, [7, 8], num_tokens=50)
+    with pytest.raises(ProtocolError, match=r"at every length\)$"):  # no --num-tokens the stream cannot give
+        nonoverlap(50, [7, 8])
 
 
 def test_nonoverlap_needs_a_window_plus_label() -> None:

@@ -171,3 +171,16 @@ def test_a_split_with_token_ids_beyond_the_vocabulary_is_refused(tmp_path) -> No
     assert len(load_split_documents(load_config([], {**overrides, "vocab_size": 63}), "valid")) == 2
     with pytest.raises(EvaluationError, match="holds token id 62, beyond the model's vocabulary of 50 "):
         load_split_documents(load_config([], {**overrides, "vocab_size": 50}), "valid")
+
+
+def test_a_missing_evaluation_split_names_its_key(tmp_path) -> None:
+    from kerple.config import load_config
+    from kerple.data.errors import DataError
+    from kerple.evaluation.runner import load_split_documents
+
+    cfg = load_config([], {"valid_data_paths": [str(tmp_path / "gone")], "data_path": str(tmp_path / "also_gone")})
+    with pytest.raises(DataError, match=r"^valid_data_paths \S+gone \(<command line>\): \S+gone.idx and \S+gone.bin not found; "
+                                        r"fix the path in the config, or prepare the data \(prepare_data.py\)$"):
+        load_split_documents(cfg, "valid")
+    with pytest.raises(DataError, match=r"^data_path \S+also_gone \(<command line>\): "):
+        load_split_documents(cfg, "test")

@@ -179,3 +179,40 @@ def test_a_resumed_schedule_says_what_it_follows(parallel, corpus: Path, tmp_pat
     assert schedule.startswith("4 steps from 2, lr 0.003 cosine over 200 (")
     assert "the checkpoint's schedule (use_checkpoint_lr_scheduler), not the config's lr 0.003 cosine over 4" in schedule
     assert "its decay over 200 differs from train_iters=4: the run stops before the decay ends" in schedule
+
+
+def test_train_iters_0_evaluates_a_trained_run_without_a_schedule_check(parallel, corpus: Path, tmp_path: Path,
+                                                                           capsys) -> None:
+    """The reference's evaluation recipe (train_iters: 0 on a checkpoint) and a lowered train_iters
+    were refused: the schedule derived from the new train_iters differed from the checkpoint's."""
+    save = tmp_path / "run"
+    settings = dict(lr_decay_iters=None, save=str(save), load=str(save), eval_iters=1)
+    train(tiny_config(corpus, train_iters=3, **settings), parallel)
+    written = sorted(save.rglob("*"))
+    capsys.readouterr()
+    evaluated = train(tiny_config(corpus, train_iters=0, seq_length_val=64, **settings), parallel)
+    assert evaluated.status == "finished" and evaluated.iteration == 3 and len(evaluated.eval_losses) == 1
+    assert evaluated.losses == [] and sorted(save.rglob("*")) == written  # no step, no new checkpoint
+    assert "schedule   none: train_iters 0 evaluates the model at step 3 and trains no step" in capsys.readouterr().out
+    lowered = train(tiny_config(corpus, train_iters=2, **settings), parallel)
+    assert lowered.status == "already finished" and lowered.iteration == 3
+
+
+def test_resuming_a_converted_checkpoint_says_the_optimizer_starts_fresh(parallel, corpus: Path, tmp_path: Path,
+                                                                         capsys) -> None:
+    """A conversion keeps weights and iteration only; resuming from it restarted Adam without a word."""
+    from kerple.checkpoint.convert import main as convert_main
+
+    settings = dict(lr_decay_iters=10, eval_iters=1)
+    train(tiny_config(corpus, train_iters=2, save=str(tmp_path / "run"), load=str(tmp_path / "run"), **settings), parallel)
+    assert convert_main([str(tmp_path / "run"), str(tmp_path / "converted"), "--to", "kerple"]) == 0
+    capsys.readouterr()
+    converted = tmp_path / "converted"
+    result = train(tiny_config(corpus, train_iters=3, save=str(converted), load=str(converted), **settings), parallel)
+    assert result.status == "finished" and result.iteration == 3
+    assert (f"note: {converted / 'global_step2'} holds no optimizer state (a converted checkpoint, or one saved with "
+            "no_save_optim); weights and iteration loaded, optimizer state starts fresh, the learning rate follows "
+            "the config's schedule") in capsys.readouterr().out
+    capsys.readouterr()
+    train(tiny_config(corpus, train_iters=4, save=str(converted), load=str(converted), **settings), parallel)
+    assert "holds no optimizer state" not in capsys.readouterr().out  # its own checkpoint at step 3 has one
