@@ -25,7 +25,6 @@ def add_config_arguments(parser: argparse.ArgumentParser, detail: str = "", *, r
                         help=CONFIG_HELP + (f"; {detail}" if detail else ""))
 
 
-
 def config_key_hint(unknown: Iterable[str], argv: list[str]) -> str:
     """``"config keys are key=value words: train_iters=5"`` when an unknown ``--flag`` of ``argv``
     names a config key (the spelling of argparse-style trainers), else ``""``."""
