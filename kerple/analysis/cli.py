@@ -7,6 +7,7 @@ writes a JSON document and a PNG beside it (``--plot`` to choose its path).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -180,11 +181,17 @@ def run_retrieval(args: argparse.Namespace) -> None:
     lengths = parse_lengths(args.lengths)
     check_lengths(cfg, lengths)
     settings = [part.strip() for part in args.temperatures.split(",") if part.strip()]
+    if not settings:
+        raise AnalysisError(f"--temperatures {args.temperatures!r}: name at least one setting, e.g. 1,log,0.7")
     for setting in settings:
         temperature_at(setting, lengths[-1], cfg.model.seq_length, "--temperatures")
-    depths = [float(part) for part in args.depths.split(",")]
+    try:
+        depths = [float(part) for part in args.depths.split(",")]
+    except ValueError:
+        depths = [math.nan]
     if any(not 0.0 <= depth <= 1.0 for depth in depths):
-        raise AnalysisError(f"--depths {args.depths!r}: depths are fractions of the context in [0, 1]")
+        raise AnalysisError(f"--depths {args.depths!r}: expected comma-separated fractions of the context in [0, 1], "
+                            "e.g. 0,0.5,1")
     data = cfg.data
     tokenizer = build_tokenizer(data.tokenizer_type, data.vocab_file, data.merge_file, data.tokenizer_file)
     prompts = retrieval.build_prompts(args.task, tokenizer.tokenize, lengths, depths, args.num_samples, args.seed)
@@ -212,6 +219,9 @@ def run_nope_variance(args: argparse.Namespace) -> None:
     check_lengths(cfg, [args.length])
     if not 0.0 < args.sigma:
         raise AnalysisError(f"--sigma {args.sigma}: the weights' standard deviation must be positive")
+    if cfg.positional.pos_emb != "none":  # its bias or rotation changes the variance the lemma predicts
+        print(f"note: the random model has the config's {cfg.positional.pos_emb} embedding; Lemma 2.3 describes "
+              "NoPE (configs/pe/none.yml)", file=sys.stderr)
     if args.load:
         checkpoint_folder(cfg, single_load(args))
     torch.manual_seed(args.seed)
@@ -235,6 +245,9 @@ def run_nope_variance(args: argparse.Namespace) -> None:
 
 
 def run_position_probe(args: argparse.Namespace) -> None:
+    if args.num_sequences < 2:
+        raise AnalysisError(f"--num-sequences {args.num_sequences}: the probe is fitted on half the windows and "
+                            "scored on the other half; give at least 2")
     cfg = config_of(args)
     check_lengths(cfg, [args.length])
     model, folder, iteration = load_model(cfg, single_load(args), args)
