@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kerple.errors import entry_point, exit_on_interrupt
+from kerple.errors import UsageError, entry_point, exit_on_interrupt
 from kerple.flags import AT_LEAST_0, AT_LEAST_1, check_flags, check_unique
 
 with exit_on_interrupt("train_throughput.py"):  # Ctrl-C while torch loads: one line, status 130
@@ -310,6 +310,22 @@ def default_setup(gpu: bool) -> tuple[str, list[str]]:
     return str(REPO / "configs/models/tiny.yml"), [str(REPO / "configs/setups/cpu.yml")]
 
 
+def check_embeddings(flag: str, names: Sequence[str]) -> None:
+    """Refuse a name the registry does not know before any model is built (it failed after the others ran)."""
+    import difflib
+
+    from kerple import positional
+
+    for name in names:
+        try:
+            positional.canonical(name)
+        except KeyError:
+            guess = difflib.get_close_matches(name, positional.names(), n=1)
+            hint = f"did you mean {guess[0]!r}? " if guess else ""
+            raise UsageError(f"{flag}: {name!r} is not a positional embedding; {hint}choose from "
+                             f"{', '.join(positional.names())}") from None
+
+
 @entry_point("train_throughput.py")
 def main(argv: list[str] | None = None) -> int:
     from kerple import positional
@@ -336,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     check_flags(args, {"--steps": AT_LEAST_1, "--warmup": AT_LEAST_0, "--peak-size": AT_LEAST_1,
                        "--threads": AT_LEAST_1, "--profile": AT_LEAST_0})
     check_unique("--pe", args.pe)
+    check_embeddings("--pe", args.pe)
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = parse_overrides(args.overrides)
