@@ -59,14 +59,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kerple.errors import UsageError, entry_point, exit_on_interrupt
+from kerple.errors import entry_point, exit_on_interrupt
 from kerple.flags import AT_LEAST_0, AT_LEAST_1, check_flags, check_unique
 
 with exit_on_interrupt("train_throughput.py"):  # Ctrl-C while torch loads: one line, status 130
     import torch
 
     from kerple.measure.device import measure_peak_flops, peak_bytes, release
-    from kerple.measure.training import build_trainer, flops_per_token, timed_step, write_random_corpus
+    from kerple.measure.training import (
+        build_trainer, check_embeddings, flops_per_token, timed_step, write_random_corpus,
+    )
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -308,22 +310,6 @@ def default_setup(gpu: bool) -> tuple[str, list[str]]:
     if gpu:
         return str(REPO / "configs/models/162M.yml"), [str(REPO / "configs/setups/local_gpu.yml")]
     return str(REPO / "configs/models/tiny.yml"), [str(REPO / "configs/setups/cpu.yml")]
-
-
-def check_embeddings(flag: str, names: Sequence[str]) -> None:
-    """Refuse a name the registry does not know before any model is built (it failed after the others ran)."""
-    import difflib
-
-    from kerple import positional
-
-    for name in names:
-        try:
-            positional.canonical(name)
-        except KeyError:
-            guess = difflib.get_close_matches(name, positional.names(), n=1)
-            hint = f"did you mean {guess[0]!r}? " if guess else ""
-            raise UsageError(f"{flag}: {name!r} is not a positional embedding; {hint}choose from "
-                             f"{', '.join(positional.names())}") from None
 
 
 @entry_point("train_throughput.py")

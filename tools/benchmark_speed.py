@@ -44,7 +44,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with exit_on_interrupt("benchmark_speed.py"):
-        from benchmarks.train_throughput import check_embeddings, describe, measure
+        from benchmarks.train_throughput import describe, measure
+        from kerple.measure.training import check_embeddings
         from kerple.config import parse_overrides
     check_embeddings("--pos-emb", args.names)
     yamls, overrides = split_arguments(args.configs)

@@ -52,7 +52,6 @@ CASES = [
     ("benchmarks/regular_parity.py", ["--threshold", "1.5"], "--threshold 1.5: expected more than 0 and at most 1"),
     ("benchmarks/regular_seeds.py", ["--seeds", "2", "--expect", "3"], "--expect 3 is more than --seeds 2"),
     ("benchmarks/train_throughput.py", ["--warmup=-1"], "--warmup -1: expected at least 0"),
-    ("benchmarks/train_throughput.py", ["--pe", "alibi", "kerple-log"], "--pe: 'kerple-log' is not a positional embedding"),
     ("evaluate.py", ["--eval-lengths", "64", "--num-windows", "0", "--output", "r.json"], "--num-windows 0"),
     ("generate.py", ["--load", "x", "--prompt", "a", "--top-p", "0.5"], "--top-p shape sampling"),
     ("prepare_data.py", ["stdlib", "--split", "1,2,3,4"], "--split 1,2,3,4: expected one to three weights"),
@@ -73,12 +72,25 @@ def test_a_bad_flag_is_one_line_before_torch_loads(script: str, argv: list[str],
     assert not list(tmp_path.iterdir())
 
 
-def test_benchmark_speed_refuses_an_unknown_embedding_before_measuring_the_others(tmp_path: Path) -> None:
-    """It timed every other embedding first, then printed 'failed' in the table and exited 1."""
-    done = subprocess.run([sys.executable, str(REPO / "tools/benchmark_speed.py"), str(REPO / "configs/models/tiny.yml"),
-                           "--pos-emb", "alibi,kerple-log"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+TINY = str(REPO / "configs/models/tiny.yml")
+UNKNOWN_EMBEDDING = [
+    ("tools/benchmark_speed.py", [TINY, "--pos-emb", "alibi,kerple-log"], "--pos-emb"),
+    ("benchmarks/train_throughput.py", ["--pe", "alibi", "kerple-log", "--steps", "1", "--warmup", "0"], "--pe"),
+    ("benchmarks/host_overhead.py", ["--model", TINY, "--pe", "none", "kerple-log", "--micro-batch", "1"], "--pe"),
+    ("benchmarks/long_context.py", ["--pe", "kerple-log", "--lengths", "64", "--steps", "1", "--warmup", "0"], "--pe"),
+    ("benchmarks/bias_gradient.py", ["--pe", "kerple-log", "--rounds", "1", "--shape", "1,2,16,8"], "--pe"),
+]
+
+
+@pytest.mark.parametrize(("script", "argv", "flag"), UNKNOWN_EMBEDDING, ids=[s for s, _, _ in UNKNOWN_EMBEDDING])
+def test_an_unknown_embedding_is_refused_before_any_model_is_built(script: str, argv: list[str], flag: str,
+                                                                   tmp_path: Path) -> None:
+    """The benchmarks timed the other embeddings, then printed 'failed' and exited 1 (bias_gradient.py
+    traced back with a KeyError)."""
+    done = subprocess.run([sys.executable, str(REPO / script), *argv], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 2 and done.stdout == "", done.stderr
-    assert done.stderr.startswith("benchmark_speed.py: error: --pos-emb: 'kerple-log' is not a positional embedding; "
+    assert done.stderr.startswith(f"{Path(script).name}: error: {flag}: 'kerple-log' is not a positional embedding; "
                                   "did you mean 'kerple_log'? choose from none, learned"), done.stderr
 
 
