@@ -147,19 +147,20 @@ def _variant_order(variant: str) -> tuple[int, tuple[int, ...], str]:
 
 
 def _seed_values(runs: Sequence[RunResult], length: int) -> dict[int | None, float]:
-    """Each seed's perplexity at ``length``. Two files giving it for one seed are refused: a seed counts
-    once in the mean and pairs once in the t-test (files of one run at different lengths merge)."""
+    """Each seed's perplexity at ``length``. Two files giving one seed different perplexities are
+    refused: a seed counts once in the mean and pairs once in the t-test. Files of one run at other
+    lengths merge, and an equal value (a merged copy of the same evaluation) counts once."""
     values: dict[int | None, float] = {}
     sources: dict[int | None, str] = {}
     for run in runs:
         if length not in run.ppl:
             continue
-        if run.seed in sources:
+        if run.seed in sources and values[run.seed] != run.ppl[length]:
             seed = "no seed" if run.seed is None else f"seed {run.seed}"
             raise EvaluationError(
-                f"{sources[run.seed]} and {run.path} both give {run.variant} ({seed}, {run.dataset}, "
-                f"{run.protocol}) at length {length}: a seed counts once in the mean and the t-test; "
-                "leave one of them out")
+                f"{sources[run.seed]} and {run.path} give {run.variant} ({seed}, {run.dataset}, {run.protocol}) "
+                f"two perplexities at length {length} ({values[run.seed]:g} and {run.ppl[length]:g}): a seed "
+                "counts once in the mean and the t-test; leave one of them out")
         values[run.seed], sources[run.seed] = run.ppl[length], run.path
     return values
 
@@ -231,9 +232,13 @@ def _rows(table: Table, dagger: str) -> list[list[str]]:
 
 def _untested(table: Table) -> list[str]:
     """The candidates with a cell the t-test could not judge: fewer than two seeds shared with the
-    reference at that length, so no † can appear there whatever the perplexities."""
-    return [display_name(variant) for variant in table.variants if variant != table.reference
-            and any(cell.pairs < 2 for (_, v), cell in table.cells.items() if v == variant)]
+    reference at that length, so no † can appear there whatever the perplexities (one seed: all of them)."""
+    candidates = [variant for variant in table.variants if variant != table.reference]
+    untested = [variant for variant in candidates
+                if any(cell.pairs < 2 for (_, v), cell in table.cells.items() if v == variant)]
+    if len(untested) == len(candidates) > 2:
+        return ["every candidate"]
+    return [display_name(variant) for variant in untested]
 
 
 def _render_csv(tables: Sequence[Table]) -> str:

@@ -67,10 +67,12 @@ def test_two_files_of_one_seed_are_refused_not_silently_dropped(tmp_path: Path) 
     first = write_result(tmp_path, "kerple_log", 0, "github", {512: 3.0})
     (tmp_path / "again").mkdir()
     second = write_result(tmp_path / "again", "kerple_log", 0, "github", {512: 3.4})
-    with pytest.raises(EvaluationError, match=r"again/github-kerple_log-0.json both give kerple_log \(seed 0, github"):
+    with pytest.raises(EvaluationError, match=r"again/github-kerple_log-0.json give kerple_log \(seed 0, github, "
+                                              r"nonoverlap\) two perplexities at length 512 \(3 and 3.4\)"):
         compare([first, second], reference="kerple_log")
-    # the same file named twice (overlapping globs) is read once; files of one run at other lengths merge
-    longer = write_result(tmp_path / "again", "kerple_log", 0, "github", {1024: 2.9})
+    # the same file named twice (overlapping globs) is read once; files of one run at other lengths merge,
+    # and a copy with the same number (make demo's merged results beside their parts) counts once
+    longer = write_result(tmp_path / "again", "kerple_log", 0, "github", {1024: 2.9, 512: 3.0})
     text, _ = compare([first, first, tmp_path / ".." / tmp_path.name / first.name, longer], reference="kerple_log",
                       fmt="csv")
     assert [line.split(",")[-6:-3] for line in text.splitlines()[1:]] == [["kerple_log", "3.0", "0.0"],
