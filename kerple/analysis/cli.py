@@ -330,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     yamls = split_arguments(args.configs)[0]
     loads = args.load or []  # --load appends: a list, or None
+    if args.plot is None and png_beside(args.output, None) == Path(args.output):
+        raise AnalysisError(f"--output {args.output}: the JSON result goes there and its PNG beside it with .png; "
+                            f"name a .json file, e.g. --output {Path(args.output).with_suffix('.json')}")
     check_output_file(args.output, "--output", inputs=yamls, folders=loads)
     check_output_file(png_beside(args.output, args.plot), "--plot", inputs=[*yamls, args.output], folders=loads)
     for name in ("length", "num_sequences", "num_samples", "samples", "train_length"):

@@ -119,3 +119,13 @@ def test_nope_variance_of_another_embedding_says_the_lemma_is_about_nope(tmp_pat
     assert cli.main(argv) == 0
     assert ("note: the random model has the config's kerple_log embedding; Lemma 2.3 describes NoPE"
             in capsys.readouterr().err)
+
+
+def test_an_output_named_png_asks_for_the_json_name(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The refusal named --plot, a flag the user had not given."""
+    argv = ["attention-stats", TINY, str(REPO / "configs/pe/alibi.yml"), "--lengths", "64",
+            "--output", str(tmp_path / "stats.png")]
+    assert cli.main(argv) == 2
+    assert f"--output {tmp_path / 'stats.png'}: the JSON result goes there and its PNG beside it with .png; " \
+        f"name a .json file, e.g. --output {tmp_path / 'stats.json'}" in error_line(capsys)
+    assert not list(tmp_path.iterdir())
