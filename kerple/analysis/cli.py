@@ -250,6 +250,11 @@ def run_position_probe(args: argparse.Namespace) -> None:
                             "scored on the other half; give at least 2")
     cfg = config_of(args)
     check_lengths(cfg, [args.length])
+    rows, weights = position_probe.fitting_windows(args.num_sequences) * args.length, cfg.model.hidden_size + 1
+    if args.probe == "linear" and rows <= weights:  # least squares then interpolates: its test error means nothing
+        needed = 2 * (weights // args.length + 1)
+        raise AnalysisError(f"--num-sequences {args.num_sequences}: the linear probe's {weights} weights would be fitted "
+                            f"on {rows} positions; give at least --num-sequences {needed} at --length {args.length}")
     model, folder, iteration = load_model(cfg, single_load(args), args)
     windows = sample_windows(cfg, args.length, args.num_sequences, args.seed)
     states = position_probe.hidden_states_by_layer(model, windows)
