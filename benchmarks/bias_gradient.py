@@ -72,6 +72,7 @@ with heavy_imports("bias_gradient.py", parse_args if __name__ == "__main__" else
 
     from kerple import positional
     from kerple.model import sdpa_cpu
+    from kerple.measure.training import check_embeddings
     from kerple.model.bias_gradient import table_gradients, with_table_gradient
     from kerple.positional.base import diagonal_gather
     from kerple.positional.logit_term import LogitTerm, distance_table_term
@@ -244,6 +245,7 @@ def timed(variants: dict[str, Variant], rounds: int, device: torch.device) -> di
 @entry_point("bias_gradient.py")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    check_embeddings("--pe", [args.pe])
     cuda = torch.cuda.is_available()
     args.shape = args.shape or ("32,12,512,64" if cuda else "4,4,512,32")
     if args.threads:

@@ -71,7 +71,7 @@ with heavy_imports("host_overhead.py", parse_args if __name__ == "__main__" else
 
     from kerple.measure.device import release
     from kerple.measure.host_work import HostCounts, count_host_work, profiled_steps
-    from kerple.measure.training import build_trainer, write_random_corpus
+    from kerple.measure.training import build_trainer, check_embeddings, write_random_corpus
 
 
 def measure(config_files: Sequence[str], overrides: dict[str, Any], names: Sequence[str], micro_batches: Sequence[int],
@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from kerple.config import parse_overrides
 
     args, overrides = parse_args(argv)
+    check_embeddings("--pe", args.pe)
     files = [args.model, *args.extra]
     results = measure(files, parse_overrides(overrides), args.pe, args.micro_batch, steps=args.steps,
                       warmup=args.warmup)

@@ -144,7 +144,10 @@ def fill_defaults(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     from kerple.config import parse_overrides
 
+    from kerple.measure.training import check_embeddings
+
     args = parse_args(argv)
+    check_embeddings("--pe", args.pe)
     fill_defaults(args)
     files = [args.model, *args.extra]
     try:

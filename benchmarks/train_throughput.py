@@ -66,7 +66,9 @@ with exit_on_interrupt("train_throughput.py"):  # Ctrl-C while torch loads: one 
     import torch
 
     from kerple.measure.device import measure_peak_flops, peak_bytes, release
-    from kerple.measure.training import build_trainer, flops_per_token, timed_step, write_random_corpus
+    from kerple.measure.training import (
+        build_trainer, check_embeddings, flops_per_token, timed_step, write_random_corpus,
+    )
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -336,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     check_flags(args, {"--steps": AT_LEAST_1, "--warmup": AT_LEAST_0, "--peak-size": AT_LEAST_1,
                        "--threads": AT_LEAST_1, "--profile": AT_LEAST_0})
     check_unique("--pe", args.pe)
+    check_embeddings("--pe", args.pe)
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = parse_overrides(args.overrides)

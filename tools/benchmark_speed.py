@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with exit_on_interrupt("benchmark_speed.py"):
         from benchmarks.train_throughput import describe, measure
+        from kerple.measure.training import check_embeddings
         from kerple.config import parse_overrides
+    check_embeddings("--pos-emb", args.names)
     yamls, overrides = split_arguments(args.configs)
     names = args.names
     run = measure(yamls, parse_overrides(overrides), names, steps=args.steps, warmup=args.warmup)

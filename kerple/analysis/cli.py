@@ -7,6 +7,7 @@ writes a JSON document and a PNG beside it (``--plot`` to choose its path).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -180,11 +181,17 @@ def run_retrieval(args: argparse.Namespace) -> None:
     lengths = parse_lengths(args.lengths)
     check_lengths(cfg, lengths)
     settings = [part.strip() for part in args.temperatures.split(",") if part.strip()]
+    if not settings:
+        raise AnalysisError(f"--temperatures {args.temperatures!r}: name at least one setting, e.g. 1,log,0.7")
     for setting in settings:
         temperature_at(setting, lengths[-1], cfg.model.seq_length, "--temperatures")
-    depths = [float(part) for part in args.depths.split(",")]
+    try:
+        depths = [float(part) for part in args.depths.split(",")]
+    except ValueError:
+        depths = [math.nan]
     if any(not 0.0 <= depth <= 1.0 for depth in depths):
-        raise AnalysisError(f"--depths {args.depths!r}: depths are fractions of the context in [0, 1]")
+        raise AnalysisError(f"--depths {args.depths!r}: expected comma-separated fractions of the context in [0, 1], "
+                            "e.g. 0,0.5,1")
     data = cfg.data
     tokenizer = build_tokenizer(data.tokenizer_type, data.vocab_file, data.merge_file, data.tokenizer_file)
     prompts = retrieval.build_prompts(args.task, tokenizer.tokenize, lengths, depths, args.num_samples, args.seed)
@@ -212,6 +219,9 @@ def run_nope_variance(args: argparse.Namespace) -> None:
     check_lengths(cfg, [args.length])
     if not 0.0 < args.sigma:
         raise AnalysisError(f"--sigma {args.sigma}: the weights' standard deviation must be positive")
+    if cfg.positional.pos_emb != "none":  # its bias or rotation changes the variance the lemma predicts
+        print(f"note: the random model has the config's {cfg.positional.pos_emb} embedding; Lemma 2.3 describes "
+              "NoPE (configs/pe/none.yml)", file=sys.stderr)
     if args.load:
         checkpoint_folder(cfg, single_load(args))
     torch.manual_seed(args.seed)
@@ -235,8 +245,16 @@ def run_nope_variance(args: argparse.Namespace) -> None:
 
 
 def run_position_probe(args: argparse.Namespace) -> None:
+    if args.num_sequences < 2:
+        raise AnalysisError(f"--num-sequences {args.num_sequences}: the probe is fitted on half the windows and "
+                            "scored on the other half; give at least 2")
     cfg = config_of(args)
     check_lengths(cfg, [args.length])
+    rows, weights = position_probe.fitting_windows(args.num_sequences) * args.length, cfg.model.hidden_size + 1
+    if args.probe == "linear" and rows <= weights:  # least squares then interpolates: its test error means nothing
+        needed = 2 * (weights // args.length + 1)
+        raise AnalysisError(f"--num-sequences {args.num_sequences}: the linear probe's {weights} weights would be fitted "
+                            f"on {rows} positions; give at least --num-sequences {needed} at --length {args.length}")
     model, folder, iteration = load_model(cfg, single_load(args), args)
     windows = sample_windows(cfg, args.length, args.num_sequences, args.seed)
     states = position_probe.hidden_states_by_layer(model, windows)
@@ -317,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     yamls = split_arguments(args.configs)[0]
     loads = args.load or []  # --load appends: a list, or None
+    if args.plot is None and png_beside(args.output, None) == Path(args.output):
+        raise AnalysisError(f"--output {args.output}: the JSON result goes there and its PNG beside it with .png; "
+                            f"name a .json file, e.g. --output {Path(args.output).with_suffix('.json')}")
     check_output_file(args.output, "--output", inputs=yamls, folders=loads)
     check_output_file(png_beside(args.output, args.plot), "--plot", inputs=[*yamls, args.output], folders=loads)
     for name in ("length", "num_sequences", "num_samples", "samples", "train_length"):

@@ -74,11 +74,16 @@ class _Rescaled(torch.nn.Module):
         return self.probe(features) * self.scale
 
 
+def fitting_windows(count: int, train_fraction: float = 0.5) -> int:
+    """How many of ``count`` windows fit the probe (at least one; at least one is left to score it)."""
+    return max(1, min(count - 1, int(round(count * train_fraction))))
+
+
 def probe_errors(states: list[torch.Tensor], kind: str = "linear", train_fraction: float = 0.5,
                  progress: bool = True) -> list[float]:
     """Test MAE of the position probe for each layer's ``[N, L, h]`` states (first windows fit, the rest score)."""
     count, length = states[0].shape[:2]
-    split = max(1, min(count - 1, int(round(count * train_fraction))))
+    split = fitting_windows(count, train_fraction)
     positions = torch.arange(length, dtype=torch.float32)
     errors = []
     for layer_states in progress_bar(states, desc=f"position probe ({kind})", disable=not progress):

@@ -55,7 +55,10 @@ def compare(
         raise ValueError("no results files given")
     if fmt not in EXTENSIONS:
         raise ValueError(f"unknown format {fmt!r}; choose {', '.join(EXTENSIONS)}")
-    runs = [load_run(p) for p in paths]
+    files: dict[Path, str | Path] = {}
+    for path in paths:  # a file named twice (overlapping globs) is read once
+        files.setdefault(Path(path).resolve(), path)
+    runs = [load_run(path) for path in files.values()]
     tables = build_tables(runs, reference=reference, alpha=alpha)
     if not any(reference in table.variants for table in tables):
         found = sorted({run.variant for run in runs})

@@ -24,6 +24,7 @@ from kerple.evaluation.errors import EvaluationError
 
 ALPHA = 0.05
 DAGGER = "†"
+UNTESTED = "no t-test (fewer than two seeds shared with the reference at some length)"
 
 # The paper's column order and names (Table 3); other embeddings follow alphabetically.
 DISPLAY_NAMES = {
@@ -57,6 +58,8 @@ class RunResult:
 
 def load_run(path: str | Path) -> RunResult:
     """Read one ``results.json``; raises :class:`EvaluationError` naming the file when it is not one."""
+    if Path(path).is_dir():
+        raise EvaluationError(f"{path} is a folder; name the results JSON files in it, e.g. {Path(path) / '*.json'}")
     if not Path(path).is_file():
         raise EvaluationError(f"{path}: no such file; name results JSON files written by evaluate.py --output")
     try:
@@ -118,6 +121,7 @@ class Cell:
     seeds: int
     dagger: bool
     p_value: float
+    pairs: int = 0  # seeds shared with the reference: the t-test needs two
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,25 @@ def _variant_order(variant: str) -> tuple[int, tuple[int, ...], str]:
     return (order.index(base) if base in order else len(order), tag_rank, variant)
 
 
+def _seed_values(runs: Sequence[RunResult], length: int) -> dict[int | None, float]:
+    """Each seed's perplexity at ``length``. Two files giving one seed different perplexities are
+    refused: a seed counts once in the mean and pairs once in the t-test. Files of one run at other
+    lengths merge, and an equal value (a merged copy of the same evaluation) counts once."""
+    values: dict[int | None, float] = {}
+    sources: dict[int | None, str] = {}
+    for run in runs:
+        if length not in run.ppl:
+            continue
+        if run.seed in sources and values[run.seed] != run.ppl[length]:
+            seed = "no seed" if run.seed is None else f"seed {run.seed}"
+            raise EvaluationError(
+                f"{sources[run.seed]} and {run.path} give {run.variant} ({seed}, {run.dataset}, {run.protocol}) "
+                f"two perplexities at length {length} ({values[run.seed]:g} and {run.ppl[length]:g}): a seed "
+                "counts once in the mean and the t-test; leave one of them out")
+        values[run.seed], sources[run.seed] = run.ppl[length], run.path
+    return values
+
+
 def build_tables(runs: Sequence[RunResult], reference: str, alpha: float = ALPHA) -> list[Table]:
     """Group runs by (dataset, train length, protocol), then by variant, and fill Table-3 cells.
 
@@ -155,21 +178,20 @@ def build_tables(runs: Sequence[RunResult], reference: str, alpha: float = ALPHA
         variants = sorted(by_variant, key=lambda v: (v != reference, _variant_order(v)))
         lengths = sorted({length for rs in by_variant.values() for r in rs for length in r.ppl})
         cells: dict[tuple[int, str], Cell] = {}
-        ref_runs = by_variant.get(reference, [])
         for length in lengths:
-            ref_by_seed = {r.seed: r.ppl[length] for r in ref_runs if length in r.ppl}
+            ref_by_seed = _seed_values(by_variant.get(reference, []), length)
             for variant in variants:
-                values = {r.seed: r.ppl[length] for r in by_variant[variant] if length in r.ppl}
+                values = _seed_values(by_variant[variant], length)
                 if not values:
                     continue
                 mean, std = mean_std(list(values.values()))
-                dagger, p_value = False, math.nan
+                dagger, p_value, seeds = False, math.nan, []
                 if variant != reference:
                     seeds = sorted((s for s in values if s in ref_by_seed), key=str)
                     dagger, p_value = reference_significantly_better(
                         [ref_by_seed[s] for s in seeds], [values[s] for s in seeds], alpha
                     )
-                cells[(length, variant)] = Cell(mean, std, len(values), dagger, p_value)
+                cells[(length, variant)] = Cell(mean, std, len(values), dagger, p_value, len(seeds))
         title = f"{dataset} (train length {train_length}, {protocol})"
         tables.append(Table(title, reference, variants, lengths, cells))
     return tables
@@ -208,6 +230,17 @@ def _rows(table: Table, dagger: str) -> list[list[str]]:
     return rows
 
 
+def _untested(table: Table) -> list[str]:
+    """The candidates with a cell the t-test could not judge: fewer than two seeds shared with the
+    reference at that length, so no † can appear there whatever the perplexities (one seed: all of them)."""
+    candidates = [variant for variant in table.variants if variant != table.reference]
+    untested = [variant for variant in candidates
+                if any(cell.pairs < 2 for (_, v), cell in table.cells.items() if v == variant)]
+    if len(untested) == len(candidates) > 2:
+        return ["every candidate"]
+    return [display_name(variant) for variant in untested]
+
+
 def _render_csv(tables: Sequence[Table]) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -240,13 +273,18 @@ def render(tables: Sequence[Table], fmt: str, alpha: float = ALPHA) -> str:
             out.append("|" + "|".join("---:" for _ in header) + "|")
             out.extend("| " + " | ".join(row) + " |" for row in _rows(table, DAGGER))
             out.append("")
+            if _untested(table):
+                out.append(f"{UNTESTED}: {', '.join(_untested(table))}\n")
         elif fmt == "latex":
             out.append(f"% {table.title}, reference {display_name(table.reference)}")
             out.append("\\begin{tabular}{r" + "c" * len(table.variants) + "}")
             out.append(" & ".join(name.replace("_", "\\_") for name in header) + " \\\\ \\hline")
             for row in _rows(table, "$^\\dagger$"):
                 out.append(" & ".join(cell.replace("±", "$\\pm$") for cell in row) + " \\\\")
-            out.append("\\end{tabular}\n")
+            out.append("\\end{tabular}")
+            if _untested(table):
+                out.append(f"% {UNTESTED}: {', '.join(_untested(table))}")
+            out.append("")
         else:
             raise ValueError(f"unknown format {fmt!r}; choose markdown, latex or csv")
     if fmt == "latex":

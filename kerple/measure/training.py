@@ -5,12 +5,14 @@ FLOPs per token = 6*N + 12*L*h*s (PaLM, Appendix B): N = parameters that do matm
 word and learned-position embedding tables; the LM head counted whether tied or not), L layers,
 h hidden size, s sequence length. The attention term counts the full s x s score and value
 products, as is customary, although causal kernels skip about half. Positional-embedding work is
-not counted: it is what the throughput benchmarks charge to each embedding.
+not counted: it is what the throughput benchmarks charge to each embedding. :func:`check_embeddings`
+refuses their unknown embedding names.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import io
 import time
 from collections.abc import Sequence
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kerple.errors import UsageError
 from kerple.measure.device import synchronize
 
 
@@ -69,3 +72,18 @@ def flops_per_token(model: torch.nn.Module, num_layers: int, hidden: int, seq_le
     if head is not None and id(head) in tables:  # tied: the word table is also the LM head's matmul
         matmul_params += head.numel()
     return 6 * matmul_params + 12 * num_layers * hidden * seq_length
+
+
+def check_embeddings(flag: str, names: Sequence[str]) -> None:
+    """Refuse, as a usage error, an embedding name the registry does not know, before the benchmarks
+    build any model (a late one failed after the others had been timed)."""
+    from kerple import positional
+
+    for name in names:
+        try:
+            positional.canonical(name)
+        except KeyError:
+            guess = difflib.get_close_matches(name, positional.names(), n=1)
+            hint = f"did you mean {guess[0]!r}? " if guess else ""
+            raise UsageError(f"{flag}: {name!r} is not a positional embedding; {hint}choose from "
+                             f"{', '.join(positional.names())}") from None

@@ -72,6 +72,28 @@ def test_a_bad_flag_is_one_line_before_torch_loads(script: str, argv: list[str],
     assert not list(tmp_path.iterdir())
 
 
+TINY = str(REPO / "configs/models/tiny.yml")
+UNKNOWN_EMBEDDING = [
+    ("tools/benchmark_speed.py", [TINY, "--pos-emb", "alibi,kerple-log"], "--pos-emb"),
+    ("benchmarks/train_throughput.py", ["--pe", "alibi", "kerple-log", "--steps", "1", "--warmup", "0"], "--pe"),
+    ("benchmarks/host_overhead.py", ["--model", TINY, "--pe", "none", "kerple-log", "--micro-batch", "1"], "--pe"),
+    ("benchmarks/long_context.py", ["--pe", "kerple-log", "--lengths", "64", "--steps", "1", "--warmup", "0"], "--pe"),
+    ("benchmarks/bias_gradient.py", ["--pe", "kerple-log", "--rounds", "1", "--shape", "1,2,16,8"], "--pe"),
+]
+
+
+@pytest.mark.parametrize(("script", "argv", "flag"), UNKNOWN_EMBEDDING, ids=[s for s, _, _ in UNKNOWN_EMBEDDING])
+def test_an_unknown_embedding_is_refused_before_any_model_is_built(script: str, argv: list[str], flag: str,
+                                                                   tmp_path: Path) -> None:
+    """The benchmarks timed the other embeddings, then printed 'failed' and exited 1 (bias_gradient.py
+    traced back with a KeyError)."""
+    done = subprocess.run([sys.executable, str(REPO / script), *argv], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.startswith(f"{Path(script).name}: error: {flag}: 'kerple-log' is not a positional embedding; "
+                                  "did you mean 'kerple_log'? choose from none, learned"), done.stderr
+
+
 SCRIPTS = sorted([*REPO.glob("tools/*.py"), *REPO.glob("benchmarks/*.py"),
                   *(REPO / name for name in ("prepare_data.py", "evaluate.py", "generate.py", "analyze.py"))])
 

@@ -92,3 +92,40 @@ def test_same_load_twice_without_labels_is_refused(tmp_path: Path, capsys: pytes
             "--output", str(tmp_path / "rf.json")]
     assert cli.main(argv) == 2
     assert "given twice; each run is one --load (or give --labels)" in error_line(capsys)
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["--depths", "a,b"], "--depths 'a,b': expected comma-separated fractions of the context in [0, 1]"),
+    (["--depths", "0.5,1.5"], "--depths '0.5,1.5': expected comma-separated fractions of the context in [0, 1]"),
+    (["--temperatures", ",,"], "--temperatures ',,': name at least one setting"),
+])
+def test_retrieval_settings_are_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                     flags: list[str], expected: str) -> None:
+    """A word for a depth traced back (ValueError); no temperature at all ran every prompt, then
+    traced back in matplotlib with no file written."""
+    argv = ["retrieval", TINY, str(REPO / "configs/pe/alibi.yml"), "--lengths", "256", *flags,
+            "--output", str(tmp_path / "r.json")]
+    assert cli.main(argv) == 2
+    assert expected in error_line(capsys)
+    assert not list(tmp_path.iterdir())
+
+
+
+def test_nope_variance_of_another_embedding_says_the_lemma_is_about_nope(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture) -> None:
+    """A kerple_log config drew a random kerple_log model and set it beside Lemma 2.3 without a word."""
+    argv = ["nope-variance", TINY, str(REPO / "configs/pe/kerple_log.yml"), "--length", "8", "--samples", "4",
+            "--output", str(tmp_path / "n.json"), "--no-progress"]
+    assert cli.main(argv) == 0
+    assert ("note: the random model has the config's kerple_log embedding; Lemma 2.3 describes NoPE"
+            in capsys.readouterr().err)
+
+
+def test_an_output_named_png_asks_for_the_json_name(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The refusal named --plot, a flag the user had not given."""
+    argv = ["attention-stats", TINY, str(REPO / "configs/pe/alibi.yml"), "--lengths", "64",
+            "--output", str(tmp_path / "stats.png")]
+    assert cli.main(argv) == 2
+    assert f"--output {tmp_path / 'stats.png'}: the JSON result goes there and its PNG beside it with .png; " \
+        f"name a .json file, e.g. --output {tmp_path / 'stats.json'}" in error_line(capsys)
+    assert not list(tmp_path.iterdir())

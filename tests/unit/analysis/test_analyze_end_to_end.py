@@ -72,6 +72,31 @@ def test_position_probe(setup: tuple[list[str], Path]) -> None:
     assert len(doc["mae"]) == 3 and all(error >= 0 for error in doc["mae"])
 
 
+def test_position_probe_needs_a_window_to_fit_and_one_to_score(setup: tuple[list[str], Path],
+                                                              capsys: pytest.CaptureFixture) -> None:
+    """One window left none to score: every layer's MAE was NaN, written as a valid result."""
+    words, folder = setup
+    output = folder / "probe-one.json"
+    argv = ["position-probe", *words, "--length", "8", "--num-sequences", "1", "--output", str(output)]
+    assert cli.main(argv) == 2
+    assert "--num-sequences 1: the probe is fitted on half the windows and scored on the other half; give at least 2" \
+        in capsys.readouterr().err
+    assert not output.exists() and not output.with_suffix(".png").exists()
+
+
+def test_linear_probe_with_no_more_positions_than_weights_is_refused(setup: tuple[list[str], Path],
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    """Least squares on fewer rows than weights interpolates its fitting windows: the scored MAE was many
+    times a constant guess's (271 tokens at L = 32 on a 128-wide model) and was written as a result."""
+    words, folder = setup
+    output = folder / "probe-few.json"
+    argv = ["position-probe", *words, "--length", "8", "--num-sequences", "2", "--output", str(output)]
+    assert cli.main(argv) == 2  # 1 fitting window x 8 positions against hidden_size 8 + 1 weights
+    assert ("--num-sequences 2: the linear probe's 9 weights would be fitted on 8 positions; give at least "
+            "--num-sequences 4 at --length 8") in capsys.readouterr().err
+    assert not output.exists()
+
+
 def test_evaluate_with_the_log_temperature(setup: tuple[list[str], Path]) -> None:
     """``--softmax-temperature log``: τ = 1 within the train length (same perplexity), log_L 8 beyond."""
     from kerple.evaluation import cli as evaluate_cli

@@ -60,3 +60,39 @@ def test_parse_lengths_and_atomic_json(tmp_path: Path) -> None:
     target = write_json_atomic({"a": [1, 2]}, tmp_path / "deep" / "r.json")
     assert json.loads(target.read_text()) == {"a": [1, 2]}
     assert [p.name for p in target.parent.iterdir()] == ["r.json"]
+
+
+def test_two_files_of_one_seed_are_refused_not_silently_dropped(tmp_path: Path) -> None:
+    """Two evaluations of one seed (re-evaluated, or seeds never set) made the mean one value short."""
+    first = write_result(tmp_path, "kerple_log", 0, "github", {512: 3.0})
+    (tmp_path / "again").mkdir()
+    second = write_result(tmp_path / "again", "kerple_log", 0, "github", {512: 3.4})
+    with pytest.raises(EvaluationError, match=r"again/github-kerple_log-0.json give kerple_log \(seed 0, github, "
+                                              r"nonoverlap\) two perplexities at length 512 \(3 and 3.4\)"):
+        compare([first, second], reference="kerple_log")
+    # the same file named twice (overlapping globs) is read once; files of one run at other lengths merge,
+    # and a copy with the same number (make demo's merged results beside their parts) counts once
+    longer = write_result(tmp_path / "again", "kerple_log", 0, "github", {1024: 2.9, 512: 3.0})
+    text, _ = compare([first, first, tmp_path / ".." / tmp_path.name / first.name, longer], reference="kerple_log",
+                      fmt="csv")
+    assert [line.split(",")[-6:-3] for line in text.splitlines()[1:]] == [["kerple_log", "3.0", "0.0"],
+                                                                         ["kerple_log", "2.9", "0.0"]]
+
+
+def test_cells_without_two_shared_seeds_say_no_test_was_made(tmp_path: Path) -> None:
+    """With one seed, or seeds the reference lacks, no † can appear: the note said a t-test decided."""
+    paths = [write_result(tmp_path, "kerple_log", seed, "github", {512: 3.0 + seed}) for seed in (0, 1)]
+    paths += [write_result(tmp_path, "alibi", seed, "github", {512: 9.0 + 3 * seed}) for seed in (0, 1)]
+    paths += [write_result(tmp_path, "rotary", seed, "github", {512: 9.0 + 3 * seed - 15}) for seed in (5, 6)]
+    text, _ = compare(paths, reference="kerple_log", fmt="markdown")
+    # differences 6, 8: t = 7 / (1.414 / sqrt(2)) = 7 < 12.71 (df 1): tested, not marked
+    assert "| 512 | 3.50 ± 0.71 | 10.5 ± 2.1 | 10.5 ± 2.1 |" in text
+    assert "ALiBi" not in text.split("no t-test")[1]
+    assert "no t-test (fewer than two seeds shared with the reference at some length): Rotary\n" in text
+    latex, _ = compare(paths[:2] + paths[4:], reference="kerple_log", fmt="latex")
+    assert "% no t-test (fewer than two seeds shared with the reference at some length): Rotary" in latex
+
+
+def test_a_folder_given_as_results_says_so(tmp_path: Path) -> None:
+    with pytest.raises(EvaluationError, match=f"{tmp_path} is a folder; name the results JSON files in it"):
+        compare([tmp_path])
