@@ -28,7 +28,7 @@ order, median; CUDA synchronised around each call):
 * ``reduction alone``: the reduction on saved inputs, with the tables built from the parameters and the
   gradient carried back to them.
 * CUDA ``reduction alone, gathered per tile``: the same with the Triton kernel summing each tile along its
-  diagonals at once instead of once per program (``GATHER_EACH_TILE``).
+  diagonals as it comes instead of once per program (``GATHER_EACH_TILE``).
 
 The distance tables are built in every call that needs them (the model builds them once per forward
 for all layers). Printed: milliseconds and the ratio to ``none``.

@@ -32,9 +32,9 @@ import triton.language as tl
 
 CHUNK = 16  # query blocks per program: the partial buffer shrinks by this factor, the grid with it
 GATHER_EACH_TILE = False
-"""Sum each tile along its diagonals at once (the kernel before it gathered once per program), kept to
-be timed against the default on a GPU (``benchmarks/bias_gradient.py``): the accumulators cost
-registers, the gathers shuffles."""
+"""True: sum each tile along its diagonals as it comes, as the kernel did before it added a band's
+tiles first and gathered once per program. Kept so that a GPU can time both orders
+(``benchmarks/bias_gradient.py``): the tile accumulators cost registers, each gather shuffles."""
 
 
 @triton.jit
