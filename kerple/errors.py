@@ -79,6 +79,19 @@ def show_project_log() -> None:
     root.setLevel(logging.INFO)
 
 
+@contextlib.contextmanager
+def quiet_log(name: str = "kerple.config") -> Iterator[None]:
+    """Within the block, the logger ``name`` and its children show warnings only (a config loaded
+    for the command's own use: its overrides are no news to the user)."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def entry_point(prog: str) -> Callable[[Callable[_Params, int]], Callable[_Params, int]]:
     """Decorate the ``main`` of the command ``prog``: a :class:`KerpleError` becomes the line
     ``prog: error: message`` on stderr and the return value :data:`USER_ERROR_STATUS`; a Ctrl-C

@@ -16,6 +16,7 @@ way:
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from torch import nn
 
 from kerple.config import load_config, parse_overrides, split_arguments
 from kerple.config.neox_keys import normalize_key
-from kerple.errors import KerpleError
+from kerple.errors import KerpleError, quiet_log
 
 USE_ONLY = {"train_iters": 0}
 """What :func:`run_config` fixes for a run that is used, not trained."""
@@ -81,7 +82,8 @@ def run_config(
             print(f"config: {', '.join(yamls)} (from the checkpoint)", file=sys.stderr)
     user = {k: v for k, v in parse_overrides(override_words).items() if normalize_key(k) not in USE_ONLY}
     user.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return RunConfig(load_config(yamls, user, fixed=USE_ONLY), yamls, user)
+    with quiet_log() if quiet else contextlib.nullcontext():
+        return RunConfig(load_config(yamls, user, fixed=USE_ONLY), yamls, user)
 
 
 def _checkpoint_yamls(load: str | None, iteration: int | None) -> list[str]:

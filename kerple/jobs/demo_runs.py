@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import os
 import sys
 import threading
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kerple.errors import future_result
+from kerple.errors import future_result, quiet_log
 from kerple.flags import AT_LEAST_1, POSITIVE, Bounds, check_flags, name_list
 from kerple.jobs.process import REPO as ROOT
 from kerple.jobs.process import run_child
@@ -156,13 +155,9 @@ def changed_keys(resolved: Path, words: list[str]) -> list[str]:
     if not resolved.is_file():
         return [f"{resolved} is missing"]
     yamls, overrides = split_arguments(words)
-    quiet = logging.getLogger("kerple.config")
-    level, quiet.level = quiet.level, logging.WARNING  # the demo's own overrides, not news to the user
-    try:
+    with quiet_log():  # the demo's own overrides, not news to the user
         now = load_config([ROOT / path for path in yamls], parse_overrides(overrides)).resolve_batch(1).to_dict()
         before = load_config([resolved]).to_dict()
-    finally:
-        quiet.setLevel(level)
     before, now = flat(before), flat(now)
     return [f"{key}: {before.get(key)!r} -> {now.get(key)!r}" for key in sorted(set(now) | set(before))
             if key not in RUN_PLACES and before.get(key) != now.get(key)]

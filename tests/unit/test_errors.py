@@ -61,3 +61,17 @@ def test_the_return_value_and_arguments_pass_through() -> None:
 
     assert main(["a", "b"], offset=1) == 3
     assert main.__name__ == "main"
+
+
+def test_a_config_loaded_quietly_prints_no_override_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    """The project's log shows a command's config overrides; a config loaded for the command's own use
+    (``run_config(quiet=True)``: the demo's figures) shows none, and the log is shown again after it."""
+    from kerple.errors import show_project_log
+    from kerple.runs import run_config
+
+    show_project_log()
+    words = ["configs/models/tiny.yml", "configs/pe/kerple_log.yml", "seq_length=64"]
+    run_config(words, quiet=True)
+    assert "seq_length" not in capsys.readouterr().err
+    run_config(words)
+    assert "seq_length: 128 (configs/models/tiny.yml) -> 64 (<command line>)" in capsys.readouterr().err
