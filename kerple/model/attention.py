@@ -42,6 +42,7 @@ hands its input to :meth:`AttentionContext.for_layer` (the embedding's layer hoo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -378,9 +379,7 @@ def _sdpa_masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
                  dropout_p: float) -> torch.Tensor:
     """PyTorch's sdpa with an additive ``mask``; a mask that needs a gradient only reaches the
     kernels that return it (:data:`MASK_GRADIENT_KERNELS`)."""
-    if not mask.requires_grad:
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
-    with sdpa_kernel(MASK_GRADIENT_KERNELS):
+    with sdpa_kernel(MASK_GRADIENT_KERNELS) if mask.requires_grad else contextlib.nullcontext():
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
 
 
