@@ -166,8 +166,9 @@ def _chunk_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     return loss.view_as(labels)
 
 
-def maybe_compile(model: Decoder, cfg: Any) -> Decoder:
-    """Compile each transformer layer in place when ``cfg.training.compile`` is true; returns ``model``.
+def maybe_compile(model: Decoder, cfg: Any, backend: str | Callable = "inductor") -> Decoder:
+    """Compile each transformer layer in place with ``backend`` when ``cfg.training.compile`` is true;
+    returns ``model``.
 
     Per-layer ``nn.Module.compile`` (as torchtitan does) keeps the parameter names and the
     ``state_dict`` keys unchanged (``torch.compile(model)`` would prefix them with ``_orig_mod.``),
@@ -183,7 +184,7 @@ def maybe_compile(model: Decoder, cfg: Any) -> Decoder:
     if cfg.training.compile:
         torch._dynamo.config.allow_unspec_int_on_nn_module = True
         for layer in model.layers:
-            layer.compile()
+            layer.compile(backend=backend)
         model.compiled_layers = True  # ``auto`` chooses with it (choose_implementation)
     return model
 

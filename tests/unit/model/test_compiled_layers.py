@@ -75,10 +75,8 @@ def test_compiled_layers_through_pytorchs_sdpa_give_the_mask_eagers_gradient_in_
         for model in (eager, compiled):
             model.zero_grad()
             model(tokens, labels=torch.roll(tokens, -1, dims=1)).backward()
-        for key in ("bias_p", "bias_a"):
-            want, got = (getattr(m.positional, key).grad for m in (eager, compiled))
-            assert got is not None and bool(got.ne(0).any()), (step, key)
-            torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.05 * float(want.abs().max()))
+        want, got = ({key: getattr(m.positional, key).grad for key in ("bias_p", "bias_a")} for m in (eager, compiled))
+        assert_gradients_match(want, got, f"step {step}")
 
 
 def recording_backend(seen: dict[str, set[str]], inductor_graph: bool) -> object:
@@ -104,19 +102,24 @@ def recording_backend(seen: dict[str, set[str]], inductor_graph: bool) -> object
 
 def compiled_bias_gradients(backend: object, device: str, impl: str = "sdpa") -> tuple[dict, dict]:
     """kerple_log's (eager, compiled) positional gradients after one forward and backward in bf16,
-    the layers compiled with ``backend``."""
+    the layers compiled with ``backend`` (:func:`~kerple.model.maybe_compile`)."""
     tokens = torch.randint(0, VOCAB, (4, 256), generator=torch.Generator().manual_seed(1)).to(device)
     eager, compiled = (four_layers("kerple_log").to(device).bfloat16() for _ in range(2))
     for model in (eager, compiled):
         model.set_attention(impl)
     torch._dynamo.reset()
-    torch._dynamo.config.allow_unspec_int_on_nn_module = True
-    for layer in compiled.layers:
-        layer.compile(backend=backend)
-    compiled.compiled_layers = True
+    maybe_compile(compiled, SimpleNamespace(training=SimpleNamespace(compile=True)), backend=backend)
     for model in (eager, compiled):
         model(tokens, labels=torch.roll(tokens, -1, dims=1)).backward()
     return tuple({key: getattr(m.positional, key).grad for key in ("bias_p", "bias_a")} for m in (eager, compiled))
+
+
+def assert_gradients_match(want: dict, got: dict, where: object = "") -> None:
+    """Each compiled gradient exists, is not zero everywhere, and equals eager's within bf16's error."""
+    for key in want:
+        assert got[key] is not None and bool(got[key].ne(0).any()), f"no gradient for {key}: {where}"
+        torch.testing.assert_close(got[key].float(), want[key].float(), rtol=0.05,
+                                   atol=0.05 * float(want[key].abs().max()), msg=f"{key}: {where}")
 
 
 @pytest.mark.parametrize("detached", [False, True], ids=["mask", "detached-mask"])
@@ -139,9 +142,7 @@ def test_the_recording_backend_names_the_kernel_that_keeps_or_drops_the_gradient
         assert all(not bool(grad.ne(0).any()) for grad in got.values())
         return
     assert seen == {"forward": {"math"}, "backward": {"math"}}, seen
-    for key in want:
-        torch.testing.assert_close(got[key].float(), want[key].float(), rtol=0.05,
-                                   atol=0.05 * float(want[key].abs().max()), msg=key)
+    assert_gradients_match(want, got)
 
 
 @pytest.mark.gpu
@@ -165,11 +166,7 @@ def test_the_compiled_kernel_of_a_learnable_bias_returns_its_gradient_on_cuda(
     eager_choice = SDPBackend(torch._fused_sdp_choice(query.requires_grad_(), query, query, mask)).name
     seen: dict[str, set[str]] = {}
     want, got = compiled_bias_gradients(recording_backend(seen, inductor_graph), "cuda")
-    where = f"eager sdpa would choose {eager_choice}; the compiled graphs use {seen}"
-    for key in want:
-        assert got[key] is not None and bool(got[key].ne(0).any()), f"no gradient for {key}: {where}"
-        torch.testing.assert_close(got[key].float(), want[key].float(), rtol=0.05,
-                                   atol=0.05 * float(want[key].abs().max()), msg=f"{key}: {where}")
+    assert_gradients_match(want, got, f"eager sdpa would choose {eager_choice}; the compiled graphs use {seen}")
 
 
 def four_layers(name: str) -> GPTModel:
@@ -189,16 +186,4 @@ def test_compiled_layers_give_a_learnable_bias_eagers_gradient_on_cuda(impl: str
     avoids that path since, and the model keeps cuDNN's attention away from a mask that needs a
     gradient. One forward and backward in bf16 through Inductor, the compiled model's positional
     gradients against eager's: passing with sdpa, the path is fit to train again."""
-    tokens = torch.randint(0, VOCAB, (4, 256), generator=torch.Generator().manual_seed(1)).cuda()
-    labels = torch.roll(tokens, -1, dims=1)
-    eager, compiled = (four_layers("kerple_log").cuda().bfloat16() for _ in range(2))
-    for model in (eager, compiled):
-        model.set_attention(impl)
-    torch._dynamo.reset()
-    maybe_compile(compiled, SimpleNamespace(training=SimpleNamespace(compile=True)))
-    for model in (eager, compiled):
-        model(tokens, labels=labels).backward()
-    for key in ("bias_p", "bias_a"):
-        want, got = (getattr(m.positional, key).grad for m in (eager, compiled))
-        assert got is not None and bool(got.ne(0).any()), f"{impl}: no gradient for {key} in compiled layers"
-        torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.05 * float(want.abs().max()), msg=key)
+    assert_gradients_match(*compiled_bias_gradients("inductor", "cuda", impl), f"{impl} in compiled layers")
