@@ -11,13 +11,14 @@ derive its errors from it.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
 import functools
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ParamSpec
 
 USER_ERROR_STATUS = 2
@@ -77,6 +78,13 @@ def show_project_log() -> None:
     handler.setFormatter(logging.Formatter("%(message)s"))
     root.addHandler(handler)
     root.setLevel(logging.INFO)
+
+
+def did_you_mean(name: object, choices: Sequence[str]) -> str:
+    """``"did you mean 'kerple_log'? "`` for the choice closest to an unknown ``name``, else ``""``
+    (the start of a refusal's hint)."""
+    guess = difflib.get_close_matches(str(name), list(choices), n=1)
+    return f"did you mean {guess[0]!r}? " if guess else ""
 
 
 @contextlib.contextmanager

@@ -7,7 +7,6 @@ capabilities, and :func:`kerple.model.attention.unsupported_reason` for what a k
 
 from __future__ import annotations
 
-import difflib
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +15,7 @@ from kerple.config import neox_checks
 from kerple.config.errors import ConfigError
 from kerple.config.messages import described, fail, positional_family
 from kerple.config.neox_keys import FIELDS
+from kerple.errors import did_you_mean
 from kerple.model import families
 from kerple.model.attention import unsupported_reason
 from kerple.positional.base import ModelShape
@@ -213,11 +213,9 @@ def _positional(cfg: Config) -> None:
         cfg.positional.pos_emb = positional_registry.canonical(name)
     except KeyError:
         known = list(positional_registry.names())
-        guess = difflib.get_close_matches(str(name), known, n=1)
-        hint = f"did you mean {guess[0]!r}? " if guess else ""
         raise fail(
             cfg,
-            f"unknown positional embedding {name!r}; {hint}known: {', '.join(known)}",
+            f"unknown positional embedding {name!r}; {did_you_mean(name, known)}known: {', '.join(known)}",
             "positional.pos_emb",
         ) from None
     if cfg.parallelism.model_parallel_size > 1 and not positional_family(cfg).tensor_parallel:

@@ -12,7 +12,6 @@ refuses their unknown embedding names.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import io
 import time
 from collections.abc import Sequence
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kerple.errors import UsageError
+from kerple.errors import UsageError, did_you_mean
 from kerple.measure.device import synchronize
 
 
@@ -83,7 +82,5 @@ def check_embeddings(flag: str, names: Sequence[str]) -> None:
         try:
             positional.canonical(name)
         except KeyError:
-            guess = difflib.get_close_matches(name, positional.names(), n=1)
-            hint = f"did you mean {guess[0]!r}? " if guess else ""
-            raise UsageError(f"{flag}: {name!r} is not a positional embedding; {hint}choose from "
-                             f"{', '.join(positional.names())}") from None
+            raise UsageError(f"{flag}: {name!r} is not a positional embedding; {did_you_mean(name, positional.names())}choose "
+                             f"from {', '.join(positional.names())}") from None
