@@ -18,7 +18,7 @@ import sys
 import torch
 
 from kerple.errors import entry_point
-from kerple.flags import name_list
+from kerple.flags import AT_LEAST_1, name_list, number_list
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -31,11 +31,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--arch", type=int, default=90, choices=(80, 90), help="sm_80 (A100) or sm_90 (H100, H200)")
     args = parser.parse_args(argv)
     args.dtypes = name_list("--dtypes", args.dtypes, list(DTYPES))
-    for flag in ("head_dims", "warps"):
-        words = getattr(args, flag).split(",")
-        if not all(word.strip().isdigit() and int(word) > 0 for word in words):
-            parser.error(f"--{flag.replace('_', '-')} takes positive integers separated by commas, not {getattr(args, flag)!r}")
-        setattr(args, flag, [int(word) for word in words])
+    args.head_dims = number_list("--head-dims", args.head_dims, AT_LEAST_1)
+    args.warps = number_list("--warps", args.warps, AT_LEAST_1)
     return args
 
 
