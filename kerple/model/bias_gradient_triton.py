@@ -171,13 +171,22 @@ def diagonal_partials(
         query, key, value, grad_output, lse, delta, _or(bias, lse), _or(scale, lse), _or(bias_out, scale_out),
         _or(scale_out, bias_out),
         *strides, heads, length, window or length, query_blocks, head_dim**-0.5,
-        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK=block, CHUNK=chunk,
-        HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, HAS_WINDOW=window is not None,
-        UPCAST=interpret and query.dtype != torch.float32,
-        INPUT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", GATHER_EACH_TILE=GATHER_EACH_TILE,
-        num_warps=warps(query.dtype, head_dim, scale is not None),
+        **_launch_settings(query.dtype, head_dim, block, chunk, bias is not None, scale is not None, window is not None,
+                           upcast=interpret and query.dtype != torch.float32),
     )
     return bias_out, scale_out
+
+
+def _launch_settings(dtype: torch.dtype, head_dim: int, block: int, chunk: int, has_bias: bool, has_scale: bool,
+                     has_window: bool, upcast: bool = False, gather_each_tile: bool | None = None) -> dict:
+    """The kernel's compile-time arguments and ``num_warps`` for one launch."""
+    return dict(
+        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK=block, CHUNK=chunk,
+        HAS_BIAS=has_bias, HAS_SCALE=has_scale, HAS_WINDOW=has_window, UPCAST=upcast,
+        INPUT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+        GATHER_EACH_TILE=GATHER_EACH_TILE if gather_each_tile is None else gather_each_tile,
+        num_warps=warps(dtype, head_dim, has_scale),
+    )
 
 
 def offline_request(dtype: torch.dtype, head_dim: int, scale: bool, window: bool = False, block: int | None = None,
@@ -189,13 +198,11 @@ def offline_request(dtype: torch.dtype, head_dim: int, scale: bool, window: bool
     pointers.update(dict.fromkeys(["LSE", "DELTA", "BIAS", "SCALE", "BIAS_OUT", "SCALE_OUT"], "*fp32"))
     integers = ["stride_qb", "stride_qh", "stride_ql", "stride_kb", "stride_kh", "stride_kl", "stride_vb", "stride_vh",
                 "stride_vl", "stride_ob", "stride_oh", "stride_ol", "heads", "length", "window", "query_blocks"]
-    constexprs = dict(
-        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK=block or tile_size(dtype, head_dim),
-        CHUNK=CHUNK, HAS_BIAS=True, HAS_SCALE=scale, HAS_WINDOW=window, UPCAST=False,
-        INPUT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
-        GATHER_EACH_TILE=GATHER_EACH_TILE if gather_each_tile is None else gather_each_tile)
+    constexprs = _launch_settings(dtype, head_dim, block or tile_size(dtype, head_dim), CHUNK, True, scale, window,
+                                  gather_each_tile=gather_each_tile)
+    launched_warps = constexprs.pop("num_warps")
     return {"kernel": f"{__name__}:_band_sums", "signature": {**pointers, **dict.fromkeys(integers, "i32"), "sm_scale": "fp32"},
-            "constexprs": constexprs, "num_warps": num_warps or warps(dtype, head_dim, scale)}
+            "constexprs": constexprs, "num_warps": num_warps or launched_warps}
 
 
 def distance_sums_from_partials(partials: torch.Tensor, heads: int, length: int) -> torch.Tensor:
