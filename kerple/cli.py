@@ -40,13 +40,13 @@ def config_key_hint(unknown: Iterable[str], argv: list[str]) -> str:
     return ""
 
 
-def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """``parser.parse_intermixed_args(argv)``, whose refusal of an unknown ``--flag`` that is a
-    config key says how to set the key."""
+def parse_command_line(parser: argparse.ArgumentParser, argv: list[str], note: str = "") -> argparse.Namespace:
+    """``parser.parse_intermixed_args(argv)``, whose refusal of unknown words adds ``note`` (e.g. the
+    command's own flags) and, for a ``--flag`` that is a config key, how to set the key."""
     args, unknown = parser.parse_known_intermixed_args(argv)
     if unknown:
-        hint = config_key_hint(unknown, argv)
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" ({hint})" if hint else ""))
+        said = "; ".join(part for part in (note, config_key_hint(unknown, argv)) if part)
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" ({said})" if said else ""))
     return args
 
 

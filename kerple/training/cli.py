@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kerple.cli import add_config_arguments, config_key_hint
+from kerple.cli import add_config_arguments, config_key_hint, parse_command_line
 from kerple.errors import INTERRUPTED_STATUS, KerpleError, UsageError, entry_point, exit_on_interrupt
 from kerple.outputs import check_output_folder
 
@@ -98,11 +98,7 @@ def train_main(argv: list[str]) -> int:
         help="let 'load' read checkpoint pickles that need non-data globals (they can run code; trusted files only)",
     )
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
-    known, unknown = parser.parse_known_intermixed_args(argv)
-    if unknown:
-        hint = config_key_hint(unknown, argv)
-        parser.error(f"unrecognized arguments: {' '.join(unknown)} (train.py's flags: --dry-run, --trust-checkpoint"
-                     f"{'; ' + hint if hint else ''})")
+    known = parse_command_line(parser, argv, "train.py's flags: --dry-run, --trust-checkpoint")
     with exit_on_interrupt("train.py"):  # nothing is written until run_training
         from kerple.config import load_config, parse_overrides, split_arguments
         from kerple.parallel.groups import prepare_environment
