@@ -11,9 +11,7 @@ flex is compiled once per length during the warm-up. Prints the median of ``--re
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 from kerple.errors import entry_point
 from kerple.flags import AT_LEAST_1, check_flags, heavy_imports, name_list, number_list
@@ -43,6 +41,7 @@ with heavy_imports("attention_impls.py", parse_args if __name__ == "__main__" el
 
     from kerple import positional
     from kerple.errors import UsageError
+    from kerple.measure.device import median_seconds
     from kerple.model import GPTModel, unsupported_reason
     from kerple.runs import resolve_device
 
@@ -57,16 +56,7 @@ def _model(name: str, impl: str, device: torch.device) -> GPTModel:
 
 def _time(step, repeats: int, device: torch.device) -> float:
     step()  # warm-up (and compilation for flex)
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_seconds(step, repeats, device)
 
 
 def measure(name: str, impl: str, length: int, repeats: int, device: torch.device, training: bool) -> float | None:

@@ -21,10 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import statistics
 import subprocess
 import sys
-import time
 
 from kerple.errors import entry_point
 
@@ -43,6 +41,7 @@ def measure_here(variant: str, tokens: int, vocab: int, hidden_size: int, dtype_
     import torch
     import torch.nn.functional as F
 
+    from kerple.measure.device import median_seconds
     from kerple.model.lm_loss import linear_cross_entropy
 
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
@@ -51,6 +50,7 @@ def measure_here(variant: str, tokens: int, vocab: int, hidden_size: int, dtype_
     hidden = torch.randn(tokens, hidden_size, device=device, generator=generator).to(dtype).requires_grad_()
     weight = (torch.randn(vocab, hidden_size, device=device, generator=generator) * 0.02).to(dtype).requires_grad_()
     labels = torch.randint(0, vocab, (tokens,), device=device, generator=generator)
+
     def step() -> torch.Tensor:
         hidden.grad = weight.grad = None
         if variant == "unfused":
@@ -75,14 +75,7 @@ def measure_here(variant: str, tokens: int, vocab: int, hidden_size: int, dtype_
         peak = float(torch.cuda.max_memory_allocated() - base)
     else:
         peak = float("nan") if compiled else float(_peak_rss() - base)
-    seconds = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds.append(time.perf_counter() - started)
-    return {"peak_bytes": peak, "loss": float(loss), "ms": 1e3 * statistics.median(seconds)}
+    return {"peak_bytes": peak, "loss": float(loss), "ms": 1e3 * median_seconds(step, repeats, device)}
 
 
 @entry_point("lm_loss_memory.py")

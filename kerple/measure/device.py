@@ -1,11 +1,13 @@
-"""What a measurement needs from the device: synchronization, peak memory, a clean slate between
-cases, and the measured matmul peak that every MFU figure divides by."""
+"""What a measurement needs from the device: synchronization, a median time, peak memory, a clean
+slate between cases, and the measured matmul peak that every MFU figure divides by."""
 
 from __future__ import annotations
 
 import gc
 import resource
+import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -29,6 +31,18 @@ def release(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def median_seconds(call: Callable[[], object], repeats: int, device: torch.device) -> float:
+    """Median wall seconds of ``repeats`` calls of ``call``, each between device synchronizations."""
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        started = time.perf_counter()
+        call()
+        synchronize(device)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def measure_peak_flops(device: torch.device, dtype: torch.dtype, size: int, repeats: int = 5) -> float:
