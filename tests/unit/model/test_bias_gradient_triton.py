@@ -129,7 +129,7 @@ def test_every_launch_compiles_for_sm90_without_spilling_registers() -> None:
     from kerple.measure.triton_offline import kernel_resources
 
     launches = [(torch.bfloat16, 64, False, False), (torch.bfloat16, 64, True, True), (torch.bfloat16, 128, True, False),
-                (torch.float32, 128, True, False)]
+                (torch.float16, 128, True, False), (torch.float32, 128, True, False)]
     requests = [bias_gradient_triton.offline_request(dtype, head_dim, scale, window)
                 for dtype, head_dim, scale, window in launches]
     faults = [bias_gradient_triton.offline_request(torch.bfloat16, 64, True, num_warps=4),
