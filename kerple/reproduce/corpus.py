@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import itertools
-import os
 import sys
 import time
 from collections import Counter
@@ -39,22 +38,19 @@ CHARS_PER_TOKEN = 5  # more than a byte-level BPE of Python averages (about 4 at
 
 @dataclass(frozen=True)
 class Document:
-    """One distinct source file: key, split, text and licence."""
+    """One distinct source file (``kerple.data.local_python.PythonFile``), its split and text."""
 
-    key: str
+    file: Any
     split: str
     text: str
-    license: str
 
 
 @dataclass
 class Reading:
     """What was found and read (the ``source`` details of the info file)."""
 
-    roots: list[str]
     files_found: int = 0
-    unreadable: int = 0
-    duplicates_removed: int = 0
+    counts: Counter = field(default_factory=Counter)  # unreadable, duplicates_removed
     replaced_bytes: int = 0
     stopped_by: str = "sources"  # cap | deadline | sources
     kept: list[Document] = field(default_factory=list)
@@ -80,69 +76,23 @@ def split_of(key: str, valid_share: float, test_share: float) -> str:
     return "test" if position < test_share else "valid" if position < test_share + valid_share else "train"
 
 
-def list_files(roots: Sequence[Any]) -> list[tuple[str, str, Any]]:
-    """``(key, path, root)`` of every non-empty ``.py`` file under ``roots`` (the standard library
-    without its own package folders), in the order of a hash of the key (another hash than the one
-    that holds files out, so the order does not group the held-out files). Plain strings and
-    ``os.walk``: pathlib's ``rglob`` takes seconds longer on a site-packages folder."""
-    found = []
-    for root in roots:
-        if not root.path.is_dir():
-            raise KerpleError(f"--root {root.path}: folder not found (--root names folders of Python sources)")
-        base = str(root.path)
-        for folder, subfolders, names in os.walk(base):
-            if root.stdlib:
-                subfolders[:] = [name for name in subfolders if name not in ("site-packages", "dist-packages")]
-            prefix = root.label + "/" + os.path.relpath(folder, base).replace(os.sep, "/") + "/"
-            for name in names:
-                path = os.path.join(folder, name)
-                if name.endswith(".py") and _size(path) > 0:
-                    found.append((prefix.replace("/./", "/") + name, path, root))
-    return sorted(found, key=lambda item: hashlib.sha256(f"order:{item[0]}".encode()).hexdigest())
+def reading_order(key: str) -> str:
+    """The order files are read in: a hash of the key, another than the one that holds files out, so
+    the order does not group the held-out files."""
+    return hashlib.sha256(f"order:{key}".encode()).hexdigest()
 
 
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:  # a broken link: no document
-        return 0
-
-
-def licences(roots: Sequence[Any]) -> dict[Path, str]:
-    """Resolved path -> licence of the distribution that installed it (``kerple.data.local_python``)."""
-    from kerple.data.local_python import distribution_licenses
-
-    owners: dict[Path, str] = {}
-    for root in roots:
-        if not root.stdlib:
-            owners.update(distribution_licenses(root.path))
-    return owners
-
-
-def read_documents(files: list[tuple[str, str, Any]], reading: Reading, split: str,
-                   owners: dict[Path, str]) -> Iterator[Document]:
-    """The distinct files in order, each once (the first key of a content wins)."""
-    from kerple.data.local_python import STDLIB_LICENSE, UNKNOWN_LICENSE
+def read_documents(found: list[tuple[Any, str, str]], roots: Sequence[Any], reading: Reading,
+                   split: str) -> Iterator[Document]:
+    """The distinct files of ``found`` in order, each once (the first of a content wins)."""
+    from kerple.data.local_python import distinct_files
     from kerple.data.readers import decode_utf8_counting
 
     valid_share, test_share = split_shares(split)
-    seen: set[str] = set()
-    for key, path, root in files:
-        try:
-            with open(path, "rb") as handle:
-                payload = handle.read()
-        except OSError:
-            reading.unreadable += 1
-            continue
-        digest = hashlib.sha256(payload).hexdigest()
-        if digest in seen:
-            reading.duplicates_removed += 1
-            continue
-        seen.add(digest)
+    for item, payload in distinct_files(found, roots, reading.counts):
         text, replaced = decode_utf8_counting(payload)
         reading.replaced_bytes += replaced
-        licence = STDLIB_LICENSE if root.stdlib else owners.get(Path(path).resolve(), UNKNOWN_LICENSE)
-        yield Document(key, split_of(key, valid_share, test_share), text, licence)
+        yield Document(item, split_of(item.key, valid_share, test_share), text)
 
 
 def train_tokenizer(documents: Iterator[Document], sample_chars: int, vocab: int, path: Path,
@@ -217,16 +167,15 @@ def write_dataset(prefix: Path, arrays: dict[str, list[Any]]) -> None:
         writer.abort()
 
 
-def info_document(prefix: Path, tokenizer: Any, reading: Reading, options: argparse.Namespace,
+def info_document(prefix: Path, tokenizer: Any, roots: Sequence[Any], reading: Reading, options: argparse.Namespace,
                   seconds: float) -> dict[str, Any]:
     """The ``info.json`` of ``prepare_data.py``, with the cap and what stopped the reading."""
+    from kerple.data.local_python import found_details
+
     counts = Counter(document.split for document in reading.kept)
     parts = {name: {"documents": counts[name], "tokens": reading.tokens[name]} for name in ("train", "valid", "test")}
     source = {
-        "roots": reading.roots, "files_found": reading.files_found, "unreadable": reading.unreadable,
-        "duplicates_removed": reading.duplicates_removed, "files_kept": len(reading.kept),
-        "bytes_kept": sum(len(d.text.encode("utf-8", "surrogatepass")) for d in reading.kept),
-        "licenses": dict(Counter(document.license for document in reading.kept).most_common()),
+        **found_details(roots, reading.files_found, reading.counts, [document.file for document in reading.kept]),
         "cap": {"max_tokens": options.max_tokens, "seconds_allowed": options.seconds, "stopped_by": reading.stopped_by,
                 "bpe_sample_chars": options.bpe_sample_chars, "seconds": round(seconds, 1)},
     }
@@ -238,15 +187,15 @@ def info_document(prefix: Path, tokenizer: Any, reading: Reading, options: argpa
 def build(options: argparse.Namespace) -> dict[str, Any]:
     """Read, tokenize and write the capped corpus; returns its info document."""
     from kerple.atomic import write_json_atomic
-    from kerple.data.local_python import default_roots, roots_from_paths
+    from kerple.data.local_python import candidates, default_roots, roots_from_paths
 
     started = time.monotonic()
     deadline = started + options.seconds * (1.0 - DEADLINE_RESERVE)
     roots = roots_from_paths(options.root) if options.root else default_roots()
-    files = list_files(roots)
-    reading = Reading(roots=[f"{root.label}={root.path}" for root in roots], files_found=len(files))
+    found = candidates(roots, order=reading_order)
+    reading = Reading(files_found=len(found))
     prefix = Path(options.prefix)
-    documents = read_documents(files, reading, options.split, licences(roots))
+    documents = read_documents(found, roots, reading, options.split)
     tokenizer, first = train_tokenizer(documents, options.bpe_sample_chars, options.vocab,
                                        prefix.parent / f"{prefix.parent.name}_bpe{options.vocab}.json", deadline)
     arrays = tokenize(tokenizer, itertools.chain(first, documents), reading, options.max_tokens, deadline)
@@ -254,7 +203,7 @@ def build(options: argparse.Namespace) -> dict[str, Any]:
         raise KerpleError(f"the corpus stage's {options.seconds:g} s were spent before any document was tokenized: "
                           "give more --minutes")
     write_dataset(prefix, arrays)
-    info = info_document(prefix, tokenizer, reading, options, time.monotonic() - started)
+    info = info_document(prefix, tokenizer, roots, reading, options, time.monotonic() - started)
     write_json_atomic(Path(f"{prefix}.info.json"), info)
     return info
 
