@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from kerple.analysis.errors import AnalysisError
+from kerple.data.prepared import PreparedData
 from kerple.errors import entry_point, load_modules
 from kerple.flags import AT_LEAST_1, check_flags
 from kerple.jobs import demo_runs
-from kerple.jobs.demo_runs import ROOT, DemoData, evaluate_command, finished
+from kerple.jobs.demo_runs import ROOT, evaluate_command, finished
 from kerple.jobs.process import run_child
 
 ALIGNED = ("kerple_log", "alibi", "rpe")
@@ -49,7 +50,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return options, demo_argv
 
 
-def demo_setup(demo_argv: list[str]) -> tuple[argparse.Namespace, DemoData, list[str]]:
+def demo_setup(demo_argv: list[str]) -> tuple[argparse.Namespace, PreparedData, list[str]]:
     """The demo's settings (its defaults, or the options it was run with), its prepared data and the
     embeddings with a finished checkpoint; refuses (``AnalysisError``) when there is none, naming
     the step counts the runs found were trained for."""
@@ -192,7 +193,7 @@ def nope_variance(words: list[str], out: Path, length: int) -> dict[str, Any]:
             "ratios": [nope["random_model"][m - 1] / nope["lemma"][m - 1] for m in (1, length // 8, length)]}
 
 
-def variant_args(variant: str, args: argparse.Namespace, data: DemoData) -> list[str]:
+def variant_args(variant: str, args: argparse.Namespace, data: PreparedData) -> list[str]:
     """The demo's config arguments for a Table 4.1 variant, saved under ``<runs>-table41/<variant>``."""
     pe, override = TABLE_4_1[variant]
     folder = f"{args.runs}-table41/{variant}"
@@ -200,7 +201,7 @@ def variant_args(variant: str, args: argparse.Namespace, data: DemoData) -> list
     return [*words, override, f"save={folder}", f"load={folder}", f"log_dir={folder}/logs"]
 
 
-def table41(args: argparse.Namespace, data: DemoData, out: Path, length: int,
+def table41(args: argparse.Namespace, data: PreparedData, out: Path, length: int,
             summary: dict[str, Any]) -> dict[str, Any]:
     """Train the variants (unless finished, two at a time), then perplexity at 1x-8x and the receptive field."""
     words = {variant: variant_args(variant, args, data) for variant in TABLE_4_1}

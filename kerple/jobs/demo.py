@@ -19,8 +19,9 @@ import time
 from contextlib import closing
 from pathlib import Path
 
+from kerple.data.prepared import PreparedData
 from kerple.errors import entry_point, load_modules
-from kerple.jobs.demo_runs import (FACTORS, PYTHON, ROOT, DemoData, Runner, config_args, evaluate_command, finished,
+from kerple.jobs.demo_runs import (FACTORS, PYTHON, ROOT, Runner, config_args, evaluate_command, finished,
                                    parse_args, prepare_data, scaling_override, set_aside_stale_runs, shown_path)
 
 KERNEL_EMBS = ("kerple_log", "kerple_power", "alibi", "rpe", "sandwich")
@@ -92,7 +93,7 @@ def merge_zero_shot(results: Path) -> list[Path]:
     return written
 
 
-def commands_for(pos_emb: str, args: argparse.Namespace, data: DemoData) -> list[list[str]]:
+def commands_for(pos_emb: str, args: argparse.Namespace, data: PreparedData) -> list[list[str]]:
     """train.py (unless finished) then evaluate.py; KERPLE-log also evaluated windowed (§5.5), rotary
     also zero-shot with PI, dynamic NTK and YaRN."""
     common = config_args(pos_emb, args, data)
@@ -108,7 +109,7 @@ def commands_for(pos_emb: str, args: argparse.Namespace, data: DemoData) -> list
     return commands
 
 
-def figures(args: argparse.Namespace, data: DemoData, names: list[str]) -> list[Path]:
+def figures(args: argparse.Namespace, data: PreparedData, names: list[str]) -> list[Path]:
     """Position-wise perplexity at 16x, learned kernels and effective lengths (§5.4, §5.5, A.5)."""
     from kerple.evaluation import plots
     from kerple.evaluation.stats import display_name
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     data = prepare_data(args)
     prepared = time.perf_counter()
     print(f"data ready in {prepared - started:.0f} s: {data.prefix} (vocab {data.vocab_size}, "
-          f"{data.valid_tokens:,} validation tokens)", flush=True)
+          f"{data.tokens('valid'):,} validation tokens)", flush=True)
 
     set_aside_stale_runs(args, data, names)
     steps = sum(0 if finished(ROOT / args.runs / n, args.steps) else args.steps for n in names)

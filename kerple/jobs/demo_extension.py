@@ -17,11 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from typing import Any
 
+from kerple.data.prepared import PreparedData
 from kerple.errors import entry_point, future_result, load_modules
 from kerple.flags import AT_LEAST_1, POSITIVE, Bounds, check_flags, check_unique, number_list
 from kerple.jobs import demo_runs
 from kerple.jobs.demo import commands_for
-from kerple.jobs.demo_runs import PYTHON, ROOT, DemoData, evaluate_command, finished
+from kerple.jobs.demo_runs import PYTHON, ROOT, evaluate_command, finished
 
 FINETUNED = (  # (run name, pos_emb, rotary scaling method or None)
     ("rotary+linear", "rotary", "linear"),
@@ -53,7 +54,7 @@ def scaling(method: str | None, args: argparse.Namespace, demo_args: argparse.Na
 
 
 def finetune_arguments(name: str, pos_emb: str, method: str | None, args: argparse.Namespace,
-                       demo_args: argparse.Namespace, data: DemoData) -> list[str]:
+                       demo_args: argparse.Namespace, data: PreparedData) -> list[str]:
     """The demo's config for ``pos_emb`` with the fine-tuning settings: load the trained run, weights only,
     ``factor`` times the length at the same tokens per step, ``steps`` steps, and the scaling on."""
     length = demo_args.train_length * args.factor
@@ -69,7 +70,7 @@ def finetune_arguments(name: str, pos_emb: str, method: str | None, args: argpar
 
 
 def run_one(name: str, pos_emb: str, method: str | None, args: argparse.Namespace, demo_args: argparse.Namespace,
-            data: DemoData, runner: demo_runs.Runner) -> float:
+            data: PreparedData, runner: demo_runs.Runner) -> float:
     """Fine-tune one model (unless finished) and evaluate the fine-tuned weights; returns the fine-tuning's
     wall seconds (recorded beside the run; 0 when a reused run has no record)."""
     from kerple.atomic import write_json_atomic
@@ -96,7 +97,7 @@ def lengths(args: argparse.Namespace, demo_args: argparse.Namespace) -> list[int
 
 
 def before_command(name: str, pos_emb: str, method: str | None, args: argparse.Namespace,
-                   demo_args: argparse.Namespace, data: DemoData) -> list[str]:
+                   demo_args: argparse.Namespace, data: PreparedData) -> list[str]:
     """evaluate.py of a trained model before fine-tuning, at the same lengths (PI and YaRN zero-shot at
     the fine-tuning's factor)."""
     return evaluate_command(demo_runs.config_args(pos_emb, demo_args, data),
@@ -122,7 +123,7 @@ def table(args: argparse.Namespace, demo_args: argparse.Namespace, seconds: dict
     return header + "\n".join(rows) + "\n"
 
 
-def run_all(args: argparse.Namespace, demo_args: argparse.Namespace, data: DemoData) -> dict[str, Any]:
+def run_all(args: argparse.Namespace, demo_args: argparse.Namespace, data: PreparedData) -> dict[str, Any]:
     """The base models still missing, every model before fine-tuning, then fine-tuned; the seconds each took."""
     bases = sorted({pos_emb for _, pos_emb, _ in FINETUNED})
     demo_runs.set_aside_stale_runs(demo_args, data, bases)  # trained for other steps or with another config: again

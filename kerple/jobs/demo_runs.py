@@ -13,10 +13,10 @@ import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kerple.data.prepared import PreparedData
 from kerple.errors import future_result, quiet_log
 from kerple.flags import AT_LEAST_1, POSITIVE, Bounds, check_flags, name_list
 from kerple.jobs.process import REPO as ROOT
@@ -32,15 +32,6 @@ FLAG_BOUNDS = {"--train-length": Bounds(least=2), "--steps": AT_LEAST_1, "--micr
                "--lr": POSITIVE, "--vocab": Bounds(least=MIN_VOCAB), "--num-tokens": AT_LEAST_1, "--jobs": AT_LEAST_1}
 RUN_PLACES = {"save", "load", "log_dir", "tensorboard_dir"}  # where a run writes, not what it trains
 SHOWN = ("step ", "L=", "validation", "training finished", "wrote")  # the children's lines the demos echo
-
-
-@dataclass(frozen=True)
-class DemoData:
-    prefix: str
-    split: str
-    tokenizer_file: str
-    vocab_size: int
-    valid_tokens: int
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -71,18 +62,12 @@ def info_file(args: argparse.Namespace) -> Path:
     return ROOT / args.data_dir / "stdlib" / "stdlib_text_document.info.json"
 
 
-def read_data(args: argparse.Namespace) -> DemoData:
+def read_data(args: argparse.Namespace) -> PreparedData:
     """The prepared corpus of ``--data-dir``, from its ``.info.json``."""
-    from tokenizers import Tokenizer
-
-    info = json.loads(info_file(args).read_text())
-    vocab_file = info["tokenizer"]["vocab_file"]
-    return DemoData(prefix=str(info_file(args).parent / "stdlib_text_document"), split=info["split"],
-                    tokenizer_file=vocab_file, vocab_size=Tokenizer.from_file(vocab_file).get_vocab_size(),
-                    valid_tokens=int(info["parts"]["valid"]["tokens"]))
+    return PreparedData.from_info(info_file(args), prefix=str(info_file(args).parent / "stdlib_text_document"))
 
 
-def prepare_data(args: argparse.Namespace) -> DemoData:
+def prepare_data(args: argparse.Namespace) -> PreparedData:
     """``prepare_data.py stdlib`` with a BPE trained on the corpus (skipped when already prepared)."""
     command = [PYTHON, "prepare_data.py", "stdlib", "-d", args.data_dir, "--train-tokenizer", str(args.vocab),
                "--workers", "2"]
@@ -91,13 +76,12 @@ def prepare_data(args: argparse.Namespace) -> DemoData:
     return read_data(args)
 
 
-def config_args(pos_emb: str, args: argparse.Namespace, data: DemoData) -> list[str]:
+def config_args(pos_emb: str, args: argparse.Namespace, data: PreparedData) -> list[str]:
     """YAML files and overrides shared by train.py and evaluate.py for one embedding."""
     save = f"{args.runs}/{pos_emb}"
     return [
         "configs/models/tiny.yml", f"configs/pe/{pos_emb}.yml", "configs/setups/cpu.yml",
-        f"data_path={data.prefix}", f"split={data.split}", "tokenizer_type=HFTokenizer",
-        f"vocab_file={data.tokenizer_file}", f"vocab_size={data.vocab_size}",
+        *(f"{key}={value}" for key, value in data.config_overrides().items()),
         f"seq_length={args.train_length}", f"max_position_embeddings={args.train_length}",
         f"train_iters={args.steps}", f"lr_decay_iters={args.steps}", f"micro_batch_size={args.micro_batch}",
         f"lr={args.lr}",
@@ -140,7 +124,7 @@ def finished(run_dir: Path, steps: int) -> bool:
     return latest_tag(run_dir) == tag_for(steps)
 
 
-def config_changes(pos_emb: str, args: argparse.Namespace, data: DemoData) -> list[str]:
+def config_changes(pos_emb: str, args: argparse.Namespace, data: PreparedData) -> list[str]:
     """The keys whose value in a finished run's ``configs/resolved.yml`` differs from what this demo
     would train now (``key: old -> new``); empty when the run can be reused."""
     resolved = ROOT / args.runs / pos_emb / f"global_step{args.steps}" / "configs" / "resolved.yml"
@@ -174,7 +158,7 @@ def flat(settings: dict, prefix: str = "") -> dict:
     return out
 
 
-def set_aside_stale_runs(args: argparse.Namespace, data: DemoData, names: list[str]) -> None:
+def set_aside_stale_runs(args: argparse.Namespace, data: PreparedData, names: list[str]) -> None:
     """A run in ``--runs`` that cannot be reused or resumed as it is (trained for another number of
     steps, or with another config: an older demo, edited YAMLs) is renamed ``<name>.stale-<time>``
     (nothing is deleted) and trained again, with a line saying why."""

@@ -23,13 +23,14 @@ import sys
 import time
 from pathlib import Path
 
+from kerple.data.prepared import PreparedData
 from kerple.errors import entry_point
 from kerple.jobs.process import StopRequest, child_environment
 from kerple.jobs.progress import Progress
 from kerple.reproduce.errors import ReproduceError
 from kerple.reproduce.lease import lease_options
 from kerple.reproduce.lease_run import report_only, run_lease
-from kerple.reproduce.plan import DEFAULT_POS_EMBS, REPO, SCALES, Corpus, Settings, check_pos_embs, parse_tokens
+from kerple.reproduce.plan import DEFAULT_POS_EMBS, REPO, SCALES, Settings, check_pos_embs, parse_tokens
 from kerple.reproduce.report import Outputs, check_readme, setup_lines, write_report
 from kerple.reproduce.stages import (Context, StageFailed, checkpoint_step, choose_eval_tokens, corpus_prefix,
                                      detect_device, ensure_corpus, evaluate, results_file, train)
@@ -121,12 +122,12 @@ def initial_progress(settings: Settings, state: State, deadline: float | None) -
     return progress
 
 
-def existing_corpus(settings: Settings) -> Corpus | None:
+def existing_corpus(settings: Settings) -> PreparedData | None:
     info = Path(f"{corpus_prefix(settings)}.info.json")
-    return Corpus.from_info(info) if info.is_file() else None
+    return PreparedData.from_info(info) if info.is_file() else None
 
 
-def run_stages(ctx: Context) -> tuple[Corpus | None, str | None]:
+def run_stages(ctx: Context) -> tuple[PreparedData | None, str | None]:
     """Corpus, then train and evaluate each run in order, until done or the chunk ends; returns the
     corpus and the failure message, if a stage failed."""
     settings, state = ctx.settings, ctx.state
@@ -150,7 +151,7 @@ def run_stages(ctx: Context) -> tuple[Corpus | None, str | None]:
         return existing_corpus(settings), str(error)
 
 
-def finish(ctx: Context, corpus: Corpus | None, outputs: Outputs, failure: str | None) -> int:
+def finish(ctx: Context, corpus: PreparedData | None, outputs: Outputs, failure: str | None) -> int:
     """Write the report, say what is done and what is next; the exit status."""
     settings = ctx.settings
     for path in write_report(settings, ctx.state, corpus, outputs):

@@ -34,8 +34,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kerple.data.prepared import PreparedData
 from kerple.reproduce.errors import ReproduceError
-from kerple.reproduce.plan import SCALES, Corpus, Scale, Settings, config_arguments, parse_tokens
+from kerple.reproduce.plan import SCALES, Scale, Settings, config_arguments, parse_tokens
 
 SAFETY = 0.9
 LEASE_FORMAT = "kerple-reproduce-lease-1"
@@ -276,7 +277,7 @@ def probe_settings(settings: Settings, lease: LeaseScale) -> Settings:
                    scale=replace(settings.scale, log_interval=lease.probe_log_interval))
 
 
-def probe_arguments(settings: Settings, corpus: Corpus, pos_emb: str, impl: str, lease: LeaseScale) -> list[str]:
+def probe_arguments(settings: Settings, corpus: PreparedData, pos_emb: str, impl: str, lease: LeaseScale) -> list[str]:
     """``train.py``'s arguments for the probe: the first run's config, ``probe_steps`` steps, no checkpoint."""
     probe = probe_settings(settings, lease)
     return with_overrides(config_arguments(probe, corpus, pos_emb, impl), {"save": "", "load": ""})

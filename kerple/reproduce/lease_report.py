@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from kerple.atomic import write_json_atomic, write_text_atomic
+from kerple.data.prepared import PreparedData
 from kerple.evaluation.stats import display_name
 from kerple.outputs import check_output_folder
 from kerple.reproduce.errors import ReproduceError
 from kerple.reproduce.lease import LEASE_FORMAT, LeasePlan
-from kerple.reproduce.plan import Corpus, Settings
+from kerple.reproduce.plan import Settings
 from kerple.reproduce.report import (corpus_line, evaluation_kernels, evaluation_line, format_tokens, licence_lines,
                                      load_ppl,
                                      median_tokens_per_s, paper_checks, ppl_table, recipe_line, status_line,
@@ -67,7 +68,7 @@ def output_problems(folder: Path) -> list[str]:
     return problems
 
 
-def write_lease_report(settings: Settings, state: State, corpus: Corpus | None, output: Path) -> list[Path]:
+def write_lease_report(settings: Settings, state: State, corpus: PreparedData | None, output: Path) -> list[Path]:
     """Write the report's files into ``output`` from what is on disk; return them."""
     output.mkdir(parents=True, exist_ok=True)
     ppl = load_ppl(settings) if state.lease else {}
@@ -79,7 +80,7 @@ def write_lease_report(settings: Settings, state: State, corpus: Corpus | None, 
     return written
 
 
-def page_text(settings: Settings, state: State, corpus: Corpus | None, ppl: dict[str, dict[int, float]],
+def page_text(settings: Settings, state: State, corpus: PreparedData | None, ppl: dict[str, dict[int, float]],
               plot: Path | None) -> str:
     """``report.md``."""
     plan = LeasePlan(**state.lease) if state.lease else None
@@ -127,7 +128,7 @@ def plan_lines(settings: Settings, state: State, plan: LeasePlan | None) -> list
     ]
 
 
-def setup_lines(settings: Settings, state: State, corpus: Corpus | None, plan: LeasePlan | None) -> list[str]:
+def setup_lines(settings: Settings, state: State, corpus: PreparedData | None, plan: LeasePlan | None) -> list[str]:
     """Recipe, the capped corpus and its tokenizer, licences, and the evaluation with its per-length cap."""
     lines = [recipe_line(settings)] if plan else []
     if corpus is None:
@@ -190,7 +191,7 @@ def measured(settings: Settings, state: State, plan: LeasePlan | None) -> dict[s
     return {"tokens_per_s": rates, "train_start_s": start, "eval_s": evaluate}
 
 
-def report_document(settings: Settings, state: State, corpus: Corpus | None,
+def report_document(settings: Settings, state: State, corpus: PreparedData | None,
                     ppl: dict[str, dict[int, float]]) -> dict[str, Any]:
     """``report.json``: the plan, the corpus, each run's times and perplexities, the findings, and
     what was measured."""

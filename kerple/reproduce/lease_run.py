@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kerple.data.prepared import PreparedData
 from kerple.jobs.process import StopRequest, child_environment, run_child
 from kerple.jobs.progress import MetricsFollower, Progress
 from kerple.reproduce.errors import ReproduceError
@@ -22,7 +23,7 @@ from kerple.reproduce.lease import (SAFETY, LeaseOptions, LeasePlan, Throughput,
                                     eval_kernel, overhead_parts, probe_arguments, probe_rate, probe_settings,
                                     read_throughput_report, run_kernel, size_steps)
 from kerple.reproduce.lease_report import check_output, write_lease_report
-from kerple.reproduce.plan import REPO, Corpus, run_folder
+from kerple.reproduce.plan import REPO, run_folder
 from kerple.reproduce.stages import (Context, StageFailed, checkpoint_step, choose_eval_tokens, corpus_prefix,
                                      echo_lines, evaluate, flex_failure, results_file, stage_failure, train)
 from kerple.reproduce.state import State
@@ -31,7 +32,7 @@ PROG = "gpu_reproduce.py"
 CORPUS_GRACE_S = 15.0  # the corpus child stops itself at its deadline; this ends one that hangs
 
 
-def ensure_lease_corpus(ctx: Context, options: LeaseOptions) -> Corpus | None:
+def ensure_lease_corpus(ctx: Context, options: LeaseOptions) -> PreparedData | None:
     """The capped corpus (:mod:`.corpus`), prepared within its share of the lease; ``None`` if stopped."""
     from kerple.data.indexed_dataset import dataset_exists
 
@@ -55,11 +56,11 @@ def ensure_lease_corpus(ctx: Context, options: LeaseOptions) -> Corpus | None:
     if not outcome.ok or not info.is_file():
         raise stage_failure("the corpus stage", outcome, ctx.log("corpus"))
     ctx.state.corpus_seconds = outcome.seconds
-    return Corpus.from_info(info)
+    return PreparedData.from_info(info)
 
 
-def _reused_corpus(info: Path, options: LeaseOptions) -> Corpus:
-    corpus = Corpus.from_info(info)
+def _reused_corpus(info: Path, options: LeaseOptions) -> PreparedData:
+    corpus = PreparedData.from_info(info)
     cap = corpus.source.get("cap", {}).get("max_tokens")
     if cap != options.corpus_tokens:
         held = f"a corpus capped at {cap:,} tokens" if cap else "a whole corpus (the chunked preset's)"
@@ -68,7 +69,7 @@ def _reused_corpus(info: Path, options: LeaseOptions) -> Corpus:
     return corpus
 
 
-def probe(ctx: Context, corpus: Corpus, options: LeaseOptions) -> Throughput | None:
+def probe(ctx: Context, corpus: PreparedData, options: LeaseOptions) -> Throughput | None:
     """Tokens/s of the first run from a short ``train.py`` (no checkpoint), for every run, and that
     kernel's start-up; FlexAttention failing to compile moves it (and that run) to sdpa."""
     settings, lease, name = ctx.settings, options.lease, options.pos_embs[0]
@@ -132,14 +133,14 @@ class Reporter:
 
     ctx: Context
     output: Path
-    corpus: Corpus | None = None
+    corpus: PreparedData | None = None
 
-    def write(self, corpus: Corpus | None = None) -> None:
+    def write(self, corpus: PreparedData | None = None) -> None:
         self.corpus = corpus or self.corpus
         write_lease_report(self.ctx.settings, self.ctx.state, self.corpus, self.output)
 
 
-def run_all(ctx: Context, corpus: Corpus, plan: LeasePlan, write: Callable[[], None]) -> None:
+def run_all(ctx: Context, corpus: PreparedData, plan: LeasePlan, write: Callable[[], None]) -> None:
     """Train and evaluate every run in order; a run whose training cannot finish in the time left is
     skipped (its partial training could not be evaluated) and the report says why."""
     settings = ctx.settings
@@ -182,7 +183,7 @@ def start_state(options: LeaseOptions) -> tuple[State, LeasePlan | None]:
 
 
 def prepare(ctx: Context, options: LeaseOptions, plan: LeasePlan | None, throughput: Throughput | None,
-            write: Callable[..., None]) -> tuple[Corpus | None, LeasePlan | None]:
+            write: Callable[..., None]) -> tuple[PreparedData | None, LeasePlan | None]:
     """The corpus and the plan: the earlier command's, or sized here from ``throughput`` (from
     ``--throughput-report``) or else from a probe."""
     corpus = ensure_lease_corpus(ctx, options)
@@ -201,7 +202,7 @@ def prepare(ctx: Context, options: LeaseOptions, plan: LeasePlan | None, through
     return corpus, plan
 
 
-def adopt_plan(ctx: Context, options: LeaseOptions, corpus: Corpus, plan: LeasePlan, fallback: str | None) -> None:
+def adopt_plan(ctx: Context, options: LeaseOptions, corpus: PreparedData, plan: LeasePlan, fallback: str | None) -> None:
     """Settings, state and progress with the sized steps; the plan saved and printed."""
     settings = options.settings(plan.steps)
     ctx.settings = settings
@@ -282,7 +283,7 @@ def report_only(options: LeaseOptions) -> int:
     state, plan = start_state(options)
     settings = options.settings(plan.steps if plan else 1)
     info = Path(f"{corpus_prefix(settings)}.info.json")
-    corpus = Corpus.from_info(info) if info.is_file() else None
+    corpus = PreparedData.from_info(info) if info.is_file() else None
     for path in write_lease_report(settings, state, corpus, options.output):
         print(f"wrote {path}")
     return 0

@@ -12,13 +12,13 @@ nothing, its files and steps are real.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kerple.data.prepared import PreparedData
 from kerple.reproduce.errors import ReproduceError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,45 +122,15 @@ def check_pos_embs(names: list[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-@dataclass(frozen=True)
-class Corpus:
-    """The prepared dataset, as ``prepare_data.py`` described it in its ``info.json``."""
-
-    prefix: str
-    split: str
-    tokenizer_file: str
-    vocab_size: int
-    parts: dict[str, dict[str, int]]
-    source: dict[str, Any]
-
-    @classmethod
-    def from_info(cls, info_file: Path) -> "Corpus":
-        from tokenizers import Tokenizer
-
-        info = json.loads(info_file.read_text())
-        tokenizer_file = info["tokenizer"]["vocab_file"]
-        return cls(prefix=info["prefix"], split=info["split"], tokenizer_file=tokenizer_file,
-                   vocab_size=Tokenizer.from_file(tokenizer_file).get_vocab_size(), parts=info["parts"],
-                   source=info.get("source") or {})
-
-    def tokens(self, part: str) -> int:
-        return int(self.parts.get(part, {}).get("tokens", 0))
-
-    def documents(self, part: str) -> int:
-        return int(self.parts.get(part, {}).get("documents", 0))
-
-
 def run_folder(settings: Settings, pos_emb: str) -> Path:
     return settings.work / "runs" / pos_emb
 
 
-def config_arguments(settings: Settings, corpus: Corpus, pos_emb: str, attention_impl: str) -> list[str]:
+def config_arguments(settings: Settings, corpus: PreparedData, pos_emb: str, attention_impl: str) -> list[str]:
     """YAML files and ``key=value`` overrides shared by ``train.py`` and ``evaluate.py`` for one run."""
     scale, folder = settings.scale, run_folder(settings, pos_emb)
     overrides: dict[str, Any] = {
-        **scale.model_overrides,
-        "data_path": corpus.prefix, "split": corpus.split, "tokenizer_type": "HFTokenizer",
-        "vocab_file": corpus.tokenizer_file, "vocab_size": corpus.vocab_size,
+        **scale.model_overrides, **corpus.config_overrides(),
         "seq_length": scale.seq_length, "max_position_embeddings": scale.seq_length,
         "train_micro_batch_size_per_gpu": scale.micro_batch, "gradient_accumulation_steps": 1,
         "train_iters": settings.steps, "lr_decay_iters": settings.steps, "seed": settings.seed,

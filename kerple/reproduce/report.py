@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kerple.atomic import write_text_atomic
+from kerple.data.prepared import PreparedData
 from kerple.evaluation.stats import build_tables, display_name, format_mean_std, load_run
 from kerple.reproduce.errors import ReproduceError
-from kerple.reproduce.plan import PAPER_STEPS, REPO, Corpus, Settings, run_folder
+from kerple.reproduce.plan import PAPER_STEPS, REPO, Settings, run_folder
 from kerple.reproduce.stages import choose_eval_tokens, results_file
 from kerple.reproduce.state import State
 from kerple.training.monitor import format_duration
@@ -170,7 +171,7 @@ def status_line(settings: Settings, state: State, ppl: dict[str, dict[int, float
             f"{state.device or 'an unrecorded device'} (written {time.strftime('%Y-%m-%d')}).")
 
 
-def setup_lines(settings: Settings, state: State, corpus: Corpus | None) -> list[str]:
+def setup_lines(settings: Settings, state: State, corpus: PreparedData | None) -> list[str]:
     """The corpus, the recipe and the budget, as this reproduction ran them."""
     lines = [recipe_line(settings)]
     if corpus is None:
@@ -192,7 +193,7 @@ def recipe_line(settings: Settings) -> str:
             f"{settings.seed}, one seed (so no † marks).")
 
 
-def corpus_line(settings: Settings, corpus: Corpus) -> str:
+def corpus_line(settings: Settings, corpus: PreparedData) -> str:
     """Files, roots, the held-out splits and the budget in epochs (no final full stop)."""
     source, tokens = corpus.source, settings.steps * settings.scale.tokens_per_step
     return (f"- **Corpus**: {source.get('files_kept', 0):,} Python files ({source.get('bytes_kept', 0) / 2**20:,.1f} "
@@ -204,7 +205,7 @@ def corpus_line(settings: Settings, corpus: Corpus) -> str:
             "train split")
 
 
-def licence_lines(corpus: Corpus) -> list[str]:
+def licence_lines(corpus: PreparedData) -> list[str]:
     """Files per licence, from the installed packages' metadata (none when it names none)."""
     licenses = corpus.source.get("licenses", {})
     if not licenses:
@@ -214,7 +215,7 @@ def licence_lines(corpus: Corpus) -> list[str]:
             + (f", {len(licenses) - 8} more" if len(licenses) > 8 else "") + "."]
 
 
-def evaluation_line(settings: Settings, state: State, corpus: Corpus) -> str:
+def evaluation_line(settings: Settings, state: State, corpus: PreparedData) -> str:
     """The protocol and the tokens scored at every length."""
     return (f"- **Evaluation**: `evaluate.py --protocol nonoverlap` (KERPLE §5.2) on the validation split, "
             f"the same {state.eval_tokens or choose_eval_tokens(settings, corpus):,} tokens at every length.")
@@ -234,7 +235,7 @@ def readme_section(settings: Settings, state: State, ppl: dict[str, dict[int, fl
     ])
 
 
-def page_text(settings: Settings, state: State, corpus: Corpus | None, ppl: dict[str, dict[int, float]],
+def page_text(settings: Settings, state: State, corpus: PreparedData | None, ppl: dict[str, dict[int, float]],
               plot: Path | None, outputs: Outputs) -> str:
     """The whole docs page."""
     title = ("KERPLE Table 3 at 162M on one GPU" if settings.scale.name == "full" else
@@ -276,7 +277,7 @@ def write_plot(settings: Settings, ppl: dict[str, dict[int, float]], path: Path)
     return plot_table(build_tables(runs, reference=runs[0].variant)[0], path)
 
 
-def write_report(settings: Settings, state: State, corpus: Corpus | None, outputs: Outputs) -> list[Path]:
+def write_report(settings: Settings, state: State, corpus: PreparedData | None, outputs: Outputs) -> list[Path]:
     """Write the plot (when any run has results), the docs page and the README section; return them."""
     ppl = load_ppl(settings)
     plot = write_plot(settings, ppl, outputs.plot)

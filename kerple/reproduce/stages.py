@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from kerple.atomic import write_json_atomic
+from kerple.data.prepared import PreparedData
 from kerple.jobs.process import Outcome, StopRequest, run_child
 from kerple.jobs.progress import MetricsFollower, Progress
 from kerple.reproduce.errors import ReproduceError
-from kerple.reproduce.plan import REPO, SOURCE, Corpus, Settings, config_arguments, run_folder
+from kerple.reproduce.plan import REPO, SOURCE, Settings, config_arguments, run_folder
 from kerple.reproduce.state import Chunk, State
 
 FLEX_FAILURE = re.compile(r"No valid triton configs|out of resource|BackendCompilerFailed|InductorError|"
@@ -118,14 +119,14 @@ def corpus_prefix(settings: Settings) -> Path:
     return settings.work / "data" / SOURCE / f"{SOURCE}_text_document"
 
 
-def ensure_corpus(ctx: Context) -> Corpus | None:
+def ensure_corpus(ctx: Context) -> PreparedData | None:
     """The prepared corpus, preparing it first when needed; ``None`` if stopped meanwhile."""
     from kerple.data.indexed_dataset import dataset_exists
 
     settings, prefix = ctx.settings, corpus_prefix(ctx.settings)
     info = Path(f"{prefix}.info.json")
     if info.is_file() and dataset_exists(prefix):
-        return Corpus.from_info(info)
+        return PreparedData.from_info(info)
     scale = settings.scale
     workers = 1 if scale.name == "tiny" else max(1, (os.cpu_count() or 2) - 1)
     command = [ctx.python, REPO / "prepare_data.py", SOURCE, "-d", settings.work / "data", "--train-tokenizer",
@@ -142,10 +143,10 @@ def ensure_corpus(ctx: Context) -> Corpus | None:
         raise stage_failure("prepare_data.py", outcome, ctx.log("corpus"))
     ctx.state.corpus_seconds = outcome.seconds
     ctx.state.save()
-    return Corpus.from_info(info)
+    return PreparedData.from_info(info)
 
 
-def choose_eval_tokens(settings: Settings, corpus: Corpus) -> int:
+def choose_eval_tokens(settings: Settings, corpus: PreparedData) -> int:
     """Scored tokens per length: the validation split, rounded down to whole windows of the longest
     length (so every length scores the same tokens, KERPLE §5.2), at most the scale's cap."""
     longest = settings.scale.lengths[-1]
@@ -169,7 +170,7 @@ def checkpoint_step(folder: Path) -> int:
     return (trailing_step(tag) or 0) if tag else 0
 
 
-def train(ctx: Context, corpus: Corpus, pos_emb: str) -> bool:
+def train(ctx: Context, corpus: PreparedData, pos_emb: str) -> bool:
     """Train ``pos_emb`` until it is finished (True) or this chunk ends (False)."""
     settings, scale = ctx.settings, ctx.settings.scale
     folder, record = run_folder(settings, pos_emb) / "checkpoints", ctx.state.run(pos_emb)
@@ -234,7 +235,7 @@ def merge_parts(parts: Path, lengths: tuple[int, ...], iteration: int, num_token
     return merged
 
 
-def _evaluate_lengths(ctx: Context, corpus: Corpus, pos_emb: str, lengths: list[int], impl: str) -> Outcome:
+def _evaluate_lengths(ctx: Context, corpus: PreparedData, pos_emb: str, lengths: list[int], impl: str) -> Outcome:
     """One ``evaluate.py`` child scoring ``lengths`` into the next numbered part file."""
     settings, tokens = ctx.settings, int(ctx.state.eval_tokens or 0)
     parts = settings.work / "results" / f"{pos_emb}.parts"
@@ -248,7 +249,7 @@ def _evaluate_lengths(ctx: Context, corpus: Corpus, pos_emb: str, lengths: list[
                      grace=EVAL_GRACE_S, on_line=echo_lines(ctx, pos_emb), env=ctx.env)
 
 
-def evaluate(ctx: Context, corpus: Corpus, pos_emb: str) -> bool:
+def evaluate(ctx: Context, corpus: PreparedData, pos_emb: str) -> bool:
     """Score ``pos_emb``'s final checkpoint at every length (True) or until this chunk ends (False)."""
     settings, record = ctx.settings, ctx.state.run(pos_emb)
     lengths, tokens = settings.scale.lengths, int(ctx.state.eval_tokens or 0)

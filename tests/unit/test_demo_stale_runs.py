@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from kerple.data.prepared import PreparedData
 from kerple.jobs import analysis_demo, demo_runs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -17,8 +18,8 @@ def finished_run(demo, tmp_path: Path, lr: str):
     from kerple.config import load_config, parse_overrides, split_arguments
 
     args = demo.parse_args(["--pos-emb", "alibi", "--steps", "5", "--runs", str(tmp_path / "runs")])
-    data = demo.DemoData(prefix="data/x/x_text_document", split="90,10,0", tokenizer_file=str(TOKENIZER),
-                         vocab_size=300, valid_tokens=1)
+    data = PreparedData(prefix="data/x/x_text_document", split="90,10,0", tokenizer_file=str(TOKENIZER),
+                        vocab_size=300)
     yamls, overrides = split_arguments(demo.config_args("alibi", args, data))
     overrides = [item for item in overrides if not item.startswith("lr=")] + [f"lr={lr}"]
     cfg = load_config([REPO / path for path in yamls], parse_overrides(overrides)).resolve_batch(1)  # as train.py saves it

@@ -93,3 +93,16 @@ def test_prepare_data_python_with_roots_records_what_it_found(tmp_path: Path, ca
 def test_a_missing_root_is_named(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="nowhere: folder not found"):
         python_files(roots_from_paths([tmp_path / "nowhere"]))
+
+
+def test_only_regular_non_empty_files_are_documents(tmp_path: Path) -> None:
+    """A folder named ``*.py``, a broken link and an empty file are no documents; a file inside such a
+    folder still is."""
+    write(tmp_path / "real.py", "x = 1\n")
+    write(tmp_path / "odd.py" / "inner.py", "y = 2\n")
+    write(tmp_path / "empty.py", "")
+    (tmp_path / "dangling.py").symlink_to(tmp_path / "missing.py")
+    kept, details = python_files(roots_from_paths([tmp_path]))
+    root = tmp_path.name
+    assert [item.key for item in kept] == [f"{root}/odd.py/inner.py", f"{root}/real.py"]
+    assert details["files_found"] == 2 and details["bytes_kept"] == 12

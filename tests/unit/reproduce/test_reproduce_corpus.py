@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from kerple.data.indexed_dataset import MMapIndexedDataset
+from kerple.data.prepared import PreparedData
 from kerple.errors import KerpleError
 from kerple.reproduce.corpus import build, main, parse_args, split_of, split_shares
-from kerple.reproduce.plan import Corpus
 
 
 def sources(root: Path, count: int) -> Path:
@@ -40,7 +40,7 @@ def test_every_file_once_when_the_cap_is_not_reached(tmp_path: Path) -> None:
     root = sources(tmp_path / "src", 30)
     assert main(arguments(tmp_path, root, 10**9)) == 0
     info = json.loads((tmp_path / "data" / "python" / "python_text_document.info.json").read_text())
-    corpus = Corpus.from_info(tmp_path / "data" / "python" / "python_text_document.info.json")
+    corpus = PreparedData.from_info(tmp_path / "data" / "python" / "python_text_document.info.json")
     assert info["source"]["files_found"] == 31 and info["source"]["duplicates_removed"] == 1
     assert info["source"]["cap"]["stopped_by"] == "sources"
     assert corpus.documents("train") + corpus.documents("valid") == 30 and corpus.documents("valid") > 0

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from kerple.config import load_config, parse_overrides, split_arguments
+from kerple.data.prepared import PreparedData
 from kerple.model import build_model
 from kerple.reproduce.errors import ReproduceError
-from kerple.reproduce.plan import FULL, TINY, Corpus, Settings, check_pos_embs, config_arguments, parse_tokens
+from kerple.reproduce.plan import FULL, TINY, Settings, check_pos_embs, config_arguments, parse_tokens
 from kerple.reproduce.state import Chunk, State
 
 
@@ -48,7 +49,7 @@ def test_the_full_scale_config_is_the_papers_162m_model(pos_emb: str, parameters
     + dense 590,592 + MLP 2,362,368 + 2,360,064 + two layer norms 3,072 = 7,087,872, x 12 = 85,054,464;
     final layer norm 1,536: 162,322,944; KERPLE-log adds r1, r2 per head (24)."""
     settings = Settings(FULL, 100_000_000, (pos_emb,), Path("/tmp/work"))
-    corpus = Corpus("/data/python_text_document", "949,50,1", "/data/bpe.json", 50_257, {}, {})
+    corpus = PreparedData("/data/python_text_document", "949,50,1", "/data/bpe.json", 50_257, {}, {})
     yamls, overrides = split_arguments(config_arguments(settings, corpus, pos_emb, "sdpa"))
     cfg = load_config(yamls, parse_overrides(overrides))
     assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_attention_heads) == (12, 768, 12)

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from kerple.data import preprocess
+from kerple.data.prepared import PreparedData
 from kerple.jobs.process import StopRequest
 from kerple.jobs.progress import Progress
 from kerple.reproduce.cli import finish, run_stages
 from kerple.reproduce.errors import ReproduceError
-from kerple.reproduce.plan import TINY, Corpus, Settings
+from kerple.reproduce.plan import TINY, Settings
 from kerple.reproduce.report import Outputs
 from kerple.reproduce.stages import (Context, StageFailed, checkpoint_step, choose_eval_tokens, evaluate, flex_failure,
                                      merge_parts, results_file, train)
@@ -72,7 +73,7 @@ def context(tmp_path: Path) -> Context:
                    python=str(fake), env={key: value for key, value in os.environ.items() if not key.startswith("FAKE_")})
 
 
-CORPUS = Corpus("/data/python_text_document", "90,10,0", "/data/bpe.json", 320,
+CORPUS = PreparedData("/data/python_text_document", "90,10,0", "/data/bpe.json", 320,
                 {"train": {"tokens": 9000, "documents": 9}, "valid": {"tokens": 2000, "documents": 2}}, {})
 
 
@@ -141,7 +142,7 @@ def test_merge_parts_without_parts(tmp_path: Path) -> None:
 def test_scored_tokens_are_whole_windows_of_the_longest_length() -> None:
     settings = Settings(TINY, 7680, ("alibi",), Path("w"))  # longest length 512
     assert choose_eval_tokens(settings, CORPUS) == 1536  # (2000 - 1) // 512 * 512
-    small = Corpus("p", "s", "t", 320, {"valid": {"tokens": 500, "documents": 1}}, {})
+    small = PreparedData("p", "s", "t", 320, {"valid": {"tokens": 500, "documents": 1}}, {})
     with pytest.raises(ReproduceError, match="holds 500 tokens, fewer than one window of 512"):
         choose_eval_tokens(settings, small)
 
