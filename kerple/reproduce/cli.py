@@ -18,7 +18,6 @@ when more remains to do; 1 when a training or evaluation failed (its log is name
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from kerple.reproduce.lease_run import report_only, run_lease
 from kerple.reproduce.plan import DEFAULT_POS_EMBS, REPO, SCALES, Settings, check_pos_embs, parse_tokens
 from kerple.reproduce.report import Outputs, check_readme, setup_lines, write_report
 from kerple.reproduce.stages import (Context, StageFailed, checkpoint_step, choose_eval_tokens, corpus_prefix,
-                                     detect_device, ensure_corpus, evaluate, results_file, train)
+                                     detect_device, ensure_corpus, evaluate, evaluated, train)
 from kerple.reproduce.state import State
 
 PROG = "gpu_reproduce.py"
@@ -159,7 +158,7 @@ def finish(ctx: Context, corpus: PreparedData | None, outputs: Outputs, failure:
     if failure:
         print(f"{PROG}: error: {failure}", file=sys.stderr)
         return 1
-    done = [name for name in settings.pos_embs if _complete(settings, name)]
+    done = evaluated(settings)
     if len(done) == len(settings.pos_embs):
         ctx.out(f"done: {', '.join(done)} trained and evaluated; the table is in {outputs.page}")
         return 0
@@ -168,11 +167,6 @@ def finish(ctx: Context, corpus: PreparedData | None, outputs: Outputs, failure:
     ctx.out(f"stopped {why} with {len(done)} of {len(settings.pos_embs)} runs evaluated; "
             "run the same command again to continue")
     return 0
-
-
-def _complete(settings: Settings, name: str) -> bool:
-    path = results_file(settings, name)
-    return path.is_file() and bool(json.loads(path.read_text()).get("complete"))
 
 
 @entry_point(PROG)

@@ -8,7 +8,6 @@ the sized steps and every finished run, as the chunked preset does.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from kerple.reproduce.lease import (SAFETY, LeaseOptions, LeasePlan, Throughput,
 from kerple.reproduce.lease_report import check_output, write_lease_report
 from kerple.reproduce.plan import REPO, run_folder
 from kerple.reproduce.stages import (Context, StageFailed, checkpoint_step, choose_eval_tokens, corpus_prefix,
-                                     echo_lines, evaluate, flex_failure, results_file, stage_failure, train)
+                                     echo_lines, evaluate, evaluated, flex_failure, stage_failure, train)
 from kerple.reproduce.state import State
 
 PROG = "gpu_reproduce.py"
@@ -265,16 +264,11 @@ def finish(ctx: Context, reporter: Reporter, failure: str | None) -> int:
         print(f"{PROG}: error: {failure} (its last lines are in {reporter.output / 'logs.txt'})", file=sys.stderr)
         return 1
     names = ctx.settings.pos_embs
-    done = [name for name in names if _evaluated(ctx, name)]
+    done = evaluated(ctx.settings)
     why = "on request" if ctx.stop.requested else "with the lease's time spent"
     ctx.out(f"done: {', '.join(done)} trained and evaluated" if len(done) == len(names) else
             f"stopped {why}: {len(done)} of {len(names)} runs evaluated")
     return 0
-
-
-def _evaluated(ctx: Context, name: str) -> bool:
-    path = results_file(ctx.settings, name)
-    return path.is_file() and bool(json.loads(path.read_text()).get("complete"))
 
 
 def report_only(options: LeaseOptions) -> int:

@@ -208,6 +208,13 @@ def results_file(settings: Settings, pos_emb: str) -> Path:
     return settings.work / "results" / f"{pos_emb}.json"
 
 
+def evaluated(settings: Settings) -> list[str]:
+    """The runs scored at every length, in order."""
+    def complete(path: Path) -> bool:
+        return path.is_file() and bool(json.loads(path.read_text()).get("complete"))
+    return [name for name in settings.pos_embs if complete(results_file(settings, name))]
+
+
 def merge_parts(parts: Path, lengths: tuple[int, ...], iteration: int, num_tokens: int) -> dict[str, Any] | None:
     """One ``evaluate.py`` results document from the part files of one checkpoint and token budget
     (a length scored twice keeps its first result); ``complete`` when every length is in it."""
