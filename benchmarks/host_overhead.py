@@ -3,12 +3,17 @@
     python benchmarks/host_overhead.py                              # 162M, none and kerple_log, micro-batch 1 and 32
     python benchmarks/host_overhead.py --pe none --micro-batch 1 --top 15
     python benchmarks/host_overhead.py --model configs/models/tiny.yml --extra configs/setups/cpu.yml attention_impl=sdpa
+    python benchmarks/host_overhead.py --micro-batch 1 --timed 30 hidden_size=48 seq_length=16 \
+        max_position_embeddings=16 vocab_size=512 attention_impl=sdpa   # 162M's layers, the host's work alone
 
 A real :class:`kerple.training.trainer.Trainer` per embedding and micro-batch size (the config's
 precision and attention as written; ``gradient_accumulation_steps: 1``) on a synthetic corpus;
-``--warmup`` untimed steps, then ``--steps`` calls of ``Trainer.train_step`` under
-``torch.profiler``. Per step it prints:
+``--warmup`` untimed steps, ``--timed`` steps timed on the host, then ``--steps`` calls of
+``Trainer.train_step`` under ``torch.profiler``. Per step it prints:
 
+* **host ms**: the median time ``train_step`` holds the host, without synchronizing the device. On a
+  GPU, the host's share of the step; on a CPU with the widths shrunk until the arithmetic is
+  negligible (the example above), the Python and dispatch work a GPU step also costs its host.
 * **ops**: top-level ATen operators, those called from Python or autograd rather than from inside
   another operator. On a GPU each is a kernel launch, except the metadata-only ones (views,
   ``detach``: the **views** column), which launch nothing.
@@ -55,12 +60,17 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     parser.add_argument("--micro-batch", nargs="+", type=int, default=[1, 32], help="micro-batch sizes (default: 1 32)")
     parser.add_argument("--steps", type=int, default=1, help="profiled steps per case (default 1)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    parser.add_argument("--timed", type=int, default=5,
+                        help="unprofiled steps whose median host time is the host-ms column (default 5; 0: none)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="PyTorch's intra-op threads on a CPU (default 1: a GPU step's host work is one thread)")
     parser.add_argument("--top", type=int, default=0, help="also list the N most frequent ops per case")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides (anywhere on the line)")
     words = sys.argv[1:] if argv is None else list(argv)
     overrides = [word for word in words if "=" in word and not word.startswith("-")]
     args = parser.parse_args([word for word in words if word not in overrides])
-    check_flags(args, {"--steps": AT_LEAST_1, "--warmup": AT_LEAST_0, "--top": AT_LEAST_0})
+    check_flags(args, {"--steps": AT_LEAST_1, "--warmup": AT_LEAST_0, "--top": AT_LEAST_0, "--timed": AT_LEAST_0,
+                       "--threads": AT_LEAST_1})
     for size in args.micro_batch:
         check_flags(argparse.Namespace(micro_batch=size), {"--micro-batch": AT_LEAST_1})
     return args, overrides + args.overrides
@@ -70,12 +80,12 @@ with heavy_imports("host_overhead.py", parse_args if __name__ == "__main__" else
     import torch
 
     from kerple.measure.device import release
-    from kerple.measure.host_work import HostCounts, count_host_work, profiled_steps
+    from kerple.measure.host_work import HostCounts, count_host_work, host_milliseconds, profiled_steps
     from kerple.measure.training import build_trainer, check_embeddings, write_random_corpus
 
 
 def measure(config_files: Sequence[str], overrides: dict[str, Any], names: Sequence[str], micro_batches: Sequence[int],
-            *, steps: int, warmup: int) -> list[tuple[str, int, HostCounts | str]]:
+            *, steps: int, warmup: int, timed: int = 0) -> list[tuple[str, int, HostCounts | str]]:
     """``(pos_emb, micro-batch, counts or the error)`` for every pair, one trainer at a time."""
     from kerple.config import load_config
     from kerple.parallel.groups import init_distributed, teardown
@@ -84,7 +94,7 @@ def measure(config_files: Sequence[str], overrides: dict[str, Any], names: Seque
     results: list[tuple[str, int, HostCounts | str]] = []
     try:
         base = load_config(list(config_files), dict(overrides))
-        total = steps + warmup
+        total = steps + warmup + timed
         with tempfile.TemporaryDirectory() as tmp:
             need = total * max(micro_batches) * (int(base.model.seq_length) + 1) * 2
             write_random_corpus(Path(tmp) / "corpus", int(base.model.vocab_size), need)
@@ -97,9 +107,10 @@ def measure(config_files: Sequence[str], overrides: dict[str, Any], names: Seque
                         with contextlib.redirect_stdout(io.StringIO()):
                             for _ in range(warmup):
                                 trainer.train_step()
+                            host_ms = host_milliseconds(trainer, timed) if timed else None
                         profiler, waits = profiled_steps(trainer, steps, parallel.device)
                         counts = count_host_work(profiler.events(), steps, cuda=parallel.device.type == "cuda")
-                        counts.device_waits = waits
+                        counts.device_waits, counts.host_ms = waits, host_ms
                         results.append((name, micro, counts))
                     except Exception as error:  # one failing case must not hide the others
                         results.append((name, micro, f"{type(error).__name__}: {str(error)[:150]}"))
@@ -116,7 +127,7 @@ def measure(config_files: Sequence[str], overrides: dict[str, Any], names: Seque
 
 def print_table(results: list[tuple[str, int, HostCounts | str]], top: int) -> None:
     cuda = any(isinstance(c, HostCounts) and c.launches is not None for _, _, c in results)
-    columns = ["pos_emb", "micro-batch", "ops", "views", "syncs", "in-kernel reads", "device waits"]
+    columns = ["pos_emb", "micro-batch", "host ms", "ops", "views", "syncs", "in-kernel reads", "device waits"]
     columns += ["launches", "cuda syncs"] if cuda else []
     print("| " + " | ".join(columns) + " |")
     print("|---|" + "---:|" * (len(columns) - 1))
@@ -124,7 +135,8 @@ def print_table(results: list[tuple[str, int, HostCounts | str]], top: int) -> N
         if isinstance(counts, str):
             print(f"| {name} | {micro} | failed: {counts} |" + " |" * (len(columns) - 3))
             continue
-        cells = [name, str(micro), f"{counts.ops:,.0f}", f"{counts.view_ops:,.0f}", f"{counts.syncs:g}",
+        host = "" if counts.host_ms is None else f"{counts.host_ms:.1f}"
+        cells = [name, str(micro), host, f"{counts.ops:,.0f}", f"{counts.view_ops:,.0f}", f"{counts.syncs:g}",
                  f"{counts.kernel_reads:g}", f"{counts.device_waits:g}"]
         if cuda:
             cells += [f"{counts.launches:,.0f}", f"{counts.cuda_syncs:g}"]
@@ -142,11 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
     check_embeddings("--pe", args.pe)
     files = [args.model, *args.extra]
+    torch.set_num_threads(args.threads)
     results = measure(files, parse_overrides(overrides), args.pe, args.micro_batch, steps=args.steps,
-                      warmup=args.warmup)
+                      warmup=args.warmup, timed=args.timed)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
-    print(f"device: {device}; torch {torch.__version__}; {' + '.join(Path(f).name for f in files)}; "
-          f"{args.steps} profiled Trainer.train_step call(s) after {args.warmup} warm-up; counts per step")
+    print(f"device: {device}; torch {torch.__version__}, {args.threads} thread(s); "
+          f"{' + '.join(Path(f).name for f in files)}; "
+          f"{args.steps} profiled Trainer.train_step call(s) after {args.warmup} warm-up and {args.timed} timed; "
+          "counts per step")
     print_table(results, args.top)
     return 1 if any(isinstance(c, str) for _, _, c in results) else 0
 

@@ -17,6 +17,8 @@ under both.
 from __future__ import annotations
 
 import contextlib
+import statistics
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -52,6 +54,7 @@ class HostCounts:
     launches: float | None = None
     cuda_syncs: float | None = None
     device_waits: float = 0.0  # DeepSpeed's accelerator synchronizations (profiled_steps measures them)
+    host_ms: float | None = None  # median host time of a step, unprofiled (host_milliseconds)
     top: list[tuple[str, int]] = field(default_factory=list)  # top-level ops over all steps, most frequent first
 
 
@@ -108,6 +111,18 @@ def counted_device_waits() -> Iterator[list[int]]:
         yield waits
     finally:
         del accelerator.synchronize  # the class's method again
+
+
+def host_milliseconds(trainer: Any, steps: int) -> float:
+    """The median time ``train_step`` holds the host, over ``steps`` unprofiled calls. Nothing here
+    synchronizes the device: on a GPU this is the host's time while the device runs behind it; on a
+    CPU with a model too small for its arithmetic to count, the host's own work per step."""
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        trainer.train_step()
+        times.append(time.perf_counter() - started)
+    return 1e3 * statistics.median(times)
 
 
 def profiled_steps(trainer: Any, steps: int, device: torch.device, **options: Any) -> tuple[Any, float]:

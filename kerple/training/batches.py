@@ -52,12 +52,23 @@ class BatchFeed:
         """``(tokens, labels)``, each int64 ``[micro_batch, seq_len]`` on the feed's device."""
         start = consumed + (micro_step * self.data_parallel_size + self.data_parallel_rank) * self.micro_batch_size
         rows = [np.asarray(self.dataset[start + i]["text"], dtype=np.int64) for i in range(self.micro_batch_size)]
-        text = torch.from_numpy(np.stack(rows))  # [b, s + 1]
+        text = to_device(torch.from_numpy(np.stack(rows)), self.device)  # [b, s + 1]
         tokens, labels = text[:, :-1].contiguous(), text[:, 1:].contiguous()
         if self.eod_token is not None:
             # the reference's eod_mask_loss: do not predict the token that follows an EOD
             labels = labels.masked_fill(tokens == self.eod_token, -100)
-        return tokens.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+        return tokens, labels
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` on ``device`` without holding up the host. A copy from pageable memory lets the CUDA
+    driver wait for the stream's queued work before it stages the bytes (the runtime API's
+    synchronization rules for ``cudaMemcpyAsync``), so every step would start only when the previous
+    one had drained the device; from pinned memory (PyTorch's caching host allocator, which keeps the
+    block until the copy is done) the copy is queued like a kernel."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def build_feeds(cfg: Any, parallel: Any) -> tuple[BatchFeed | None, BatchFeed | None]:

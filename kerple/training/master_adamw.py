@@ -72,6 +72,7 @@ class MasterAdamW(torch.optim.AdamW):
         with torch.no_grad():
             for parameter, _ in self.copies:
                 parameter.data = parameter.data.to(dtype)
+        self._copy_back = _same_kind_pairs(self.copies)  # fixed tensors: grouped once, not every step
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -81,7 +82,7 @@ class MasterAdamW(torch.optim.AdamW):
         self._gradients_to_masters()
         self._global_grad_norm = self._clip()
         loss = super().step(closure)
-        for targets, sources in _same_kind_pairs(self.copies):
+        for targets, sources in self._copy_back:
             torch._foreach_copy_(targets, sources)
         return loss
 

@@ -203,7 +203,8 @@ class Trainer:
         Nothing here waits for the device: :meth:`read_losses` checks the losses at log and save steps.
         """
         assert self.train_feed is not None
-        self.engine.train()
+        if not (self.engine.training and self.engine.module.training):  # train() walks every module: a host cost
+            self.engine.train()
         skipped_before = self.engine.skipped_steps
         if self.pipelined:
             # the first and the last stage each read the micro-batches (tokens, labels); the loss

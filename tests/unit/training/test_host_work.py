@@ -95,3 +95,75 @@ def test_logged_gradient_norm_is_the_clipping_norm(parallel, corpus: Path, tmp_p
     logged = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     norms = [record["train/grad_norm"] for record in logged if "train/grad_norm" in record]
     assert norms == pytest.approx([float(value) for value in seen], rel=1e-6) and len(norms) == 2
+
+
+def test_a_step_walks_the_modules_only_to_leave_evaluation_mode(parallel, corpus: Path,  # noqa: F811
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``train()`` visits every module (about a millisecond of host time per step at 162M): a step calls
+    it only when validation left the model in evaluation mode, and then every module trains again."""
+    cfg = tiny_config(corpus, train_iters=4).resolve_batch(1)
+    trainer = Trainer(cfg, parallel)
+    try:
+        calls = []
+        original = type(trainer.engine).train
+        monkeypatch.setattr(type(trainer.engine), "train", lambda self, mode=True: calls.append(mode) or original(self, mode))
+        trainer.train_step()
+        trainer.train_step()
+        assert calls == [] or calls == [True]  # the engine may start in evaluation mode once
+        calls.clear()
+        trainer.engine.eval()
+        trainer.train_step()
+        assert calls == [True] and all(module.training for module in trainer.engine.modules())
+    finally:
+        trainer.close()
+
+
+def test_a_cuda_batch_is_copied_from_pinned_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy from pageable memory may wait for the device's queue (CUDA's rules for cudaMemcpyAsync):
+    the feed pins the batch and queues the copy. Seen on a CPU through stand-ins for the two calls."""
+    from kerple.training.batches import to_device
+
+    seen: list[tuple[str, object]] = []
+
+    class Pinned:
+        def to(self, device: torch.device, non_blocking: bool = False) -> str:
+            seen.append(("to", (device.type, non_blocking)))
+            return "on the device"
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: seen.append(("pin", tuple(self.shape))) or Pinned())
+    host = torch.arange(6).reshape(2, 3)
+    assert to_device(host, torch.device("cuda")) == "on the device"
+    assert seen == [("pin", (2, 3)), ("to", ("cuda", True))]
+    assert to_device(host, torch.device("cpu")) is host and len(seen) == 2  # nothing to pin on a CPU
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_feed_gives_next_token_labels_with_eod_masked(device: str) -> None:
+    """Labels are the tokens shifted by one; with ``eod_mask_loss`` the label after an EOD (id 9) is
+    ignored (-100), as in the reference; the same on a CUDA device, where the batch is pinned first."""
+    from kerple.training.batches import BatchFeed
+
+    samples = [{"text": [1, 2, 9, 3, 4]}, {"text": [5, 9, 6, 7, 8]}]
+    feed = BatchFeed(samples, micro_batch_size=2, accumulation_steps=1, data_parallel_size=1, data_parallel_rank=0,
+                     device=torch.device(device), eod_token=9)
+    tokens, labels = feed.micro_batch(0, 0)
+    assert tokens.device.type == device and tokens.dtype == labels.dtype == torch.int64
+    assert tokens.tolist() == [[1, 2, 9, 3], [5, 9, 6, 7]]
+    assert labels.tolist() == [[2, 9, -100, 4], [9, -100, 7, 8]]
+
+
+def test_host_milliseconds_is_the_median_of_the_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step times of 5, 1 and 2 ms (a fake clock) give 2 ms: the median, not the mean (2.67) or the first."""
+    from kerple.measure import host_work
+
+    clock = iter([0.0, 0.005, 1.0, 1.001, 2.0, 2.002])
+    monkeypatch.setattr(host_work.time, "perf_counter", lambda: next(clock))
+
+    class Stepper:
+        calls = 0
+
+        def train_step(self) -> None:
+            self.calls += 1
+
+    stepper = Stepper()
+    assert host_work.host_milliseconds(stepper, 3) == pytest.approx(2.0) and stepper.calls == 3
