@@ -14,6 +14,7 @@ checkpoint itself (``args``, ``configs/*.yml`` and tensor shapes). Tensors are c
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -35,6 +36,7 @@ from kerple.checkpoint.huggingface import describe_export, export_huggingface, e
 from kerple.checkpoint.neox_layout import NeoxAdapter
 from kerple.checkpoint.reference import read_checkpoint
 from kerple.checkpoint.writer import write_checkpoint
+from kerple.data.tokenizers import tokenizer_vocab_size
 from kerple.model import families
 
 # Recorded fields carried into the config of a checkpoint converted without --config (the tokenizer
@@ -92,10 +94,23 @@ def _reference_pos_emb(name: str) -> str:
 
 def _neox_yaml(config: dict[str, Any]) -> dict[str, Any]:
     keys = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings",
-            "no_weight_tying", "gpt_j_residual", "norm", "activation", "rotary_pct", "make_vocab_size_divisible_by")
+            "no_weight_tying", "gpt_j_residual", "norm", "activation", "rotary_pct", "make_vocab_size_divisible_by",
+            "tokenizer_type", "vocab_file", "merge_file")
     out = {key: config[key] for key in keys if config.get(key) is not None}
     out["pos_emb"] = _reference_pos_emb(str(config.get("pos_emb", "learned")))
     return out
+
+
+def neox_vocab_divisor(cfg: Any, model_parallel: int, recorded: int | None) -> int:
+    """The ``make_vocab_size_divisible_by`` under which GPT-NeoX pads the tokenizer's vocabulary to the
+    checkpoint's ``padded_vocab_size`` rows over ``model_parallel`` ranks (docs/reference-format.md §4):
+    the source's ``recorded`` value where it does so, else rows / ranks, which pads any vocabulary up to
+    the rows to exactly the rows (GPT-NeoX has no key for the rows themselves)."""
+    rows, data = int(cfg.model.padded_vocab_size), cfg.data
+    vocab = tokenizer_vocab_size(data.tokenizer_type, data.vocab_file, data.merge_file, data.tokenizer_file)
+    if recorded and vocab and math.ceil(vocab / (recorded * model_parallel)) * recorded * model_parallel == rows:
+        return int(recorded)
+    return rows // model_parallel
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,15 +210,20 @@ def convert(args: argparse.Namespace) -> Path:
         return written
     check_no_later_checkpoint(out, iteration)
     flavor = "neox" if args.to == "neox" else "kerple"
+    recorded_args = architecture_args(cfg)
     if flavor == "neox":
-        text = yaml.safe_dump({key.replace("_", "-"): value for key, value in _neox_yaml(flat).items()}, sort_keys=False)
+        neox = _neox_yaml(flat)
+        source_divisor = ckpt.args.get("make_vocab_size_divisible_by") if ckpt is not None else None
+        neox["make_vocab_size_divisible_by"] = neox_vocab_divisor(cfg, args.model_parallel, source_divisor)
+        recorded_args["make_vocab_size_divisible_by"] = neox["make_vocab_size_divisible_by"]
+        text = yaml.safe_dump({key.replace("_", "-"): value for key, value in neox.items()}, sort_keys=False)
     else:
         text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
     return write_checkpoint(
         out,
         state,
         iteration=iteration,
-        args=architecture_args(cfg),
+        args=recorded_args,
         layout=args.layout,
         model_parallel_size=args.model_parallel,
         flavor=flavor,

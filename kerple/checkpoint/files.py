@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 from kerple.checkpoint.errors import CheckpointError
 
@@ -30,6 +31,16 @@ TAG = re.compile(r"^global_step(\d+)$")
 LAYER_FILE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
 MP_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 _TRAILING_STEP = re.compile(r"(\d+)$")
+
+
+def plain_args(args: Any) -> dict[str, Any]:
+    """A record's ``args`` as a dict: GPT-NeoX stores a dict, Megatron-style records an
+    ``argparse.Namespace`` (docs/reference-format.md §6); anything else gives ``{}``."""
+    if isinstance(args, dict):
+        return dict(args)
+    if args is not None and hasattr(args, "__dict__"):
+        return dict(vars(args))
+    return {}
 
 
 def tag_for(iteration: int) -> str:

@@ -35,6 +35,7 @@ from kerple.checkpoint.files import (
     checkpoint_to_read,
     layer_file_name,
     mp_rank_file_name,
+    plain_args,
     trailing_step,
 )
 from kerple.checkpoint.neox_layout import FIRST_LAYER, WORD_EMBEDDINGS, NeoxAdapter, check_shared_positional, infer_pos_emb, join_key
@@ -77,16 +78,6 @@ class LoadedCheckpoint:
     def model_state(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """``state`` (default: :attr:`state_dict`, or one model-parallel rank's part of it) under the model's names."""
         return self.adapter.from_reference(self.state_dict if state is None else state, self.path)
-
-
-def _plain_args(args: Any) -> dict[str, Any]:
-    if args is None:
-        return {}
-    if isinstance(args, dict):
-        return dict(args)
-    if hasattr(args, "__dict__"):
-        return dict(vars(args))
-    return {}
 
 
 def read_config_files(checkpoint_dir: Path) -> dict[str, Any]:
@@ -202,7 +193,7 @@ def _read_ranks(checkpoint_dir: Path, trust: bool) -> tuple[dict[str, Any], str,
         loaded = safe_torch_load(mp_files[0][1], trust=trust)
         meta = loaded if isinstance(loaded, dict) else {}
     if any(LAYER_FILE.match(p.name) for p in checkpoint_dir.iterdir()):
-        args = {key: value for key, value in _plain_args(meta.get("args")).items() if value is not None}
+        args = {key: value for key, value in plain_args(meta.get("args")).items() if value is not None}
         settings = read_config_files(checkpoint_dir) | args
         return meta, "pipeline", _read_pipeline(checkpoint_dir, trust, settings)
     if not isinstance(meta.get("module"), dict):
@@ -230,7 +221,7 @@ def read_checkpoint(
     """
     checkpoint_dir = checkpoint_to_read(load_dir, iteration)
     meta, layout, ranks = _read_ranks(checkpoint_dir, trust)
-    args = _plain_args(meta.get("args"))
+    args = plain_args(meta.get("args"))
     declared = args.get("model_parallel_size")
     if declared is not None and int(declared) != len(ranks):
         raise ModelParallelError(

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from kerple.checkpoint.errors import CheckpointError
-from kerple.checkpoint.files import mp_rank_file_name, optimizer_shard_file_name
+from kerple.checkpoint.files import mp_rank_file_name, optimizer_shard_file_name, plain_args
 from kerple.checkpoint.safe_load import safe_torch_load
 
 FORMAT_VERSION = 1
@@ -90,7 +90,7 @@ class RunState:
         position = record.get("data_position") or {}
         return cls(
             iteration=int(record.get("iteration", record.get("global_steps")) or 0),
-            args=dict(record.get("args") or {}),
+            args=plain_args(record.get("args")),
             consumed_train_samples=record.get("consumed_train_samples"),
             skipped_steps=int(record.get("skipped_steps", 0)),
             seed=position.get("seed"),

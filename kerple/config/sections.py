@@ -79,8 +79,9 @@ class ModelConfig:
     )
     vocab_size: int = setting(
         50257,
-        "Size of the tokenizer's vocabulary before padding (50257 for GPT-2 BPE). This project's key: "
-        "the reference takes it from the tokenizer.",
+        "Size of the tokenizer's vocabulary before padding (50257 for GPT-2 BPE). This project's key; "
+        "unset, it is the tokenizer's, as in the reference (512 for CharLevelTokenizer, else read from "
+        "the tokenizer's files, 50257 while they do not exist).",
         minimum=1,
     )
     make_vocab_size_divisible_by: int = setting(

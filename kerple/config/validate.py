@@ -15,6 +15,7 @@ from kerple.config import neox_checks
 from kerple.config.errors import ConfigError
 from kerple.config.messages import described, fail, positional_family
 from kerple.config.neox_keys import FIELDS
+from kerple.data.tokenizers import tokenizer_vocab_size
 from kerple.errors import did_you_mean
 from kerple.model import families
 from kerple.model.attention import unsupported_reason
@@ -168,6 +169,10 @@ def _model(cfg: Config) -> None:
         )
     if model.max_position_embeddings is None:
         model.max_position_embeddings = model.seq_length
+    if cfg.provenance("model.vocab_size")[0] == "<default>":  # GPT-NeoX sizes its model by the tokenizer
+        data = cfg.data
+        tokenizer = tokenizer_vocab_size(data.tokenizer_type, data.vocab_file, data.merge_file, data.tokenizer_file)
+        model.vocab_size = tokenizer or model.vocab_size
     multiple = model.make_vocab_size_divisible_by * cfg.parallelism.model_parallel_size
     model.padded_vocab_size = math.ceil(model.vocab_size / multiple) * multiple
     _family(cfg)

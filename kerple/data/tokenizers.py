@@ -7,6 +7,7 @@ Tokenizers are picklable (they are rebuilt from their files), so worker processe
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -315,6 +316,30 @@ def configured_tokenizer(cfg: Any) -> Tokenizer | None:
             reason = reason.removeprefix(f"{Path(value)}: ") if value else reason
         raise DataError(f"{'; '.join(named) or 'tokenizer_type ' + data.tokenizer_type}: {reason}; "
                         "fix the path in the config or prepare the data again (prepare_data.py)") from None
+
+
+def tokenizer_vocab_size(tokenizer_type: str, vocab_file: str | None = None, merge_file: str | None = None,
+                         tokenizer_file: str | None = None) -> int | None:
+    """The vocabulary of the tokenizer these keys name, which GPT-NeoX gives its model (it has no
+    ``vocab_size`` key: docs/reference-format.md §4); ``None`` when its files are not there (yet)."""
+    if tokenizer_type.strip() == "CharLevelTokenizer":
+        return CharLevelTokenizer().vocab_size
+    files = [name for name in (vocab_file, merge_file, tokenizer_file) if name]
+    if not files or not all(Path(name).is_file() for name in files):
+        return None
+    stamps = tuple((str(Path(name).resolve()), Path(name).stat().st_mtime_ns) for name in files)
+    return _file_vocab_size(tokenizer_type, vocab_file, merge_file, tokenizer_file, stamps)
+
+
+@functools.lru_cache(maxsize=16)
+def _file_vocab_size(tokenizer_type: str, vocab_file: str | None, merge_file: str | None,
+                     tokenizer_file: str | None, stamps: tuple[tuple[str, int], ...]) -> int | None:
+    """:func:`tokenizer_vocab_size` of files, read once per content (``stamps``: paths and mtimes)."""
+    del stamps  # part of the cache key only
+    try:
+        return build_tokenizer(tokenizer_type, vocab_file, merge_file, tokenizer_file).vocab_size
+    except DataError:  # an unreadable file is named where the data is read, with its key
+        return None
 
 
 def check_vocabulary_fits(cfg: Any, tokenizer: Tokenizer | None = None) -> None:

@@ -162,3 +162,34 @@ def _perturb(model) -> None:
         for name, param in model.named_parameters():
             if param.dim() == 1:
                 param.add_(torch.randn(param.shape, generator=gen) * 0.1)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_a_neox_output_pads_its_tokenizer_to_its_rows(tmp_path, ranks):
+    """The ``--to neox`` folder's configs/ rebuild a model of the checkpoint's vocabulary rows: GPT-NeoX
+    pads the tokenizer's vocabulary to ``make_vocab_size_divisible_by x model_parallel_size``
+    (docs/reference-format.md §4), so the written divisor, applied to the tokenizer, gives the rows."""
+    import math
+
+    import yaml
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    from kerple.checkpoint.files import checkpoint_config_files
+    from kerple.config import load_config
+
+    tokenizer = tmp_path / "tokenizer.json"  # 60 ids, padded by 32 to the 64 rows of the tiny checkpoint
+    Tokenizer(WordLevel({f"w{i}": i for i in range(59)} | {"<|endoftext|>": 59}, unk_token="w0")).save(str(tokenizer))
+    recorded = {"tokenizer_type": "HFTokenizer", "vocab_file": str(tokenizer), "make_vocab_size_divisible_by": 32}
+    source = write_reference_checkpoint(tmp_path / "ref", reference_tensors("kerple_log"), pos_emb="kerple_log",
+                                        args_overrides=recorded)
+    out = tmp_path / "neox"
+    assert convert_main([str(source), str(out), "--to", "neox", "--model-parallel", str(ranks)]) == 0
+    written = yaml.safe_load((out / "global_step50" / "configs" / "config.yml").read_text())
+    divisor = written["make-vocab-size-divisible-by"]
+    assert math.ceil(60 / (divisor * ranks)) * divisor * ranks == VOCAB  # GPT-NeoX's padding of the tokenizer
+    assert divisor == (32 if ranks < 4 else VOCAB // ranks)  # the source's own where it still gives 64 rows
+    args = torch.load(out / "global_step50" / "mp_rank_00_model_states.pt", weights_only=True)["args"]
+    assert (args["make_vocab_size_divisible_by"], args["padded_vocab_size"]) == (divisor, VOCAB)
+    cfg = load_config(checkpoint_config_files(out))  # what evaluate.py --load reads without YAML files
+    assert cfg.model.padded_vocab_size == VOCAB and cfg.data.tokenizer_type == "HFTokenizer"

@@ -163,3 +163,17 @@ def test_an_unnamed_kerple_embedding_is_loaded_with_a_warning(tmp_path, caplog, 
     assert "names no positional embedding" in caplog.text
     assert f"loaded as the config's pos_emb {assumed}" in caplog.text
     assert "kerple_log and kerple_power store the same tensors" in caplog.text
+
+
+def test_a_namespace_args_record_resumes_as_a_reference_checkpoint(tmp_path):
+    """Megatron-style records keep ``args`` as an ``argparse.Namespace``: training from such a
+    checkpoint (``load`` + ``finetune``) reads its step, as evaluation reads its architecture."""
+    import argparse
+
+    from kerple.checkpoint.run_state import RunState, read_run_state
+
+    record = {"iteration": 7, "args": argparse.Namespace(num_layers=2, hidden_size=64, model_parallel_size=1)}
+    torch.save(record, tmp_path / "mp_rank_00_model_states.pt")
+    state = read_run_state(tmp_path, parallel=None, iteration=7)
+    assert (state.iteration, state.is_own_format) == (7, False)
+    assert RunState.from_record(record).args == {"num_layers": 2, "hidden_size": 64, "model_parallel_size": 1}

@@ -188,3 +188,32 @@ def test_seq_length_val_beyond_learned_table_fails_at_load(write):
     with pytest.raises(ConfigError) as info:
         load_config([path])
     assert path in str(info.value) and "2048" in str(info.value)
+
+
+def _word_level_tokenizer(path, size: int) -> str:
+    """A Hugging Face tokenizer.json of exactly ``size`` ids, written with the tokenizers library."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    words = {f"w{i}": i for i in range(size - 1)} | {"<|endoftext|>": size - 1}
+    Tokenizer(WordLevel(words, unk_token="w0")).save(str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "vocab", "padded"),
+    [
+        ("tokenizer-type: CharLevelTokenizer\n", 512, 512),  # the reference's character tokenizer: 512 ids
+        ("tokenizer-type: CharLevelTokenizer\nmodel-parallel-size: 4\n", 512, 512),
+        ("tokenizer-type: CharLevelTokenizer\nvocab-size: 1000\n", 1000, 1024),  # a set vocab_size wins
+        ("tokenizer-type: HFTokenizer\nvocab-file: {tok}\n", 300, 384),
+        ("tokenizer-type: HFTokenizer\nvocab-file: {tok}\nmake-vocab-size-divisible-by: 1\n", 300, 300),
+        ("tokenizer-type: HFTokenizer\nvocab-file: {missing}\n", 50257, 50304),  # not there yet: the default
+        ("tokenizer-type: GPT2BPETokenizer\n", 50257, 50304),
+    ],
+)
+def test_vocab_size_unset_comes_from_the_tokenizer(write, tmp_path, text, vocab, padded):
+    """GPT-NeoX has no vocab_size key: its model has the tokenizer's vocabulary (docs/reference-format.md §4)."""
+    tok = _word_level_tokenizer(tmp_path / "tokenizer.json", 300)
+    cfg = load_config([write("v.yml", text.format(tok=tok, missing=tmp_path / "absent.json"))])
+    assert (cfg.model.vocab_size, cfg.model.padded_vocab_size) == (vocab, padded)
