@@ -37,7 +37,9 @@ def test_evaluate_flags_pass_through_and_config_is_evaluation_only(
 
 def test_training_launch_keeps_train_iters(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     configs = [str(REPO / "configs/models/tiny.yml"), str(REPO / "configs/pe/alibi.yml")]
-    command = launched(monkeypatch, ["train.py", *configs, f"log_dir={tmp_path}", "train_iters=7"])
+    # tiny.yml saves to and loads from checkpoints/tiny: away from a Quick start run in the repository
+    run = tmp_path / "checkpoints"
+    command = launched(monkeypatch, ["train.py", *configs, f"log_dir={tmp_path}", f"save={run}", f"load={run}", "train_iters=7"])
     assert command[-2] == "train.py"
     assert yaml.safe_load(Path(command[-1]).read_text())["train_iters"] == 7
 
@@ -86,7 +88,9 @@ def test_the_resolved_config_keeps_the_users_files_and_keys(monkeypatch: pytest.
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     user = tmp_path / "mine.yml"
     user.write_text("hidden-size: 64\nnum-attention-heads: 4\n")
-    assert cli.deepy_main(["train.py", *tiny, str(user), "seq_length=96", f"log_dir={tmp_path / 'logs'}"]) == 0
+    # tiny.yml saves to and loads from checkpoints/tiny: away from a Quick start run in the repository
+    run = [f"save={tmp_path / 'checkpoints'}", f"load={tmp_path / 'checkpoints'}"]
+    assert cli.deepy_main(["train.py", *tiny, str(user), "seq_length=96", f"log_dir={tmp_path / 'logs'}", *run]) == 0
     resolved = next((tmp_path / "logs").glob("resolved-config-*.yml"))
     cfg = load_config([str(resolved)])
     assert cfg.provenance("model.hidden_size") == (str(user), "hidden-size")

@@ -17,7 +17,10 @@ def test_paths_are_joined_to_the_config_directory(monkeypatch: pytest.MonkeyPatc
     calls: list[list[str]] = []
     monkeypatch.setattr(cli, "run_child", lambda command: calls.append(command) or 0)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    argv = ["train.py", flag, str(REPO / "configs"), "models/tiny.yml", "pe/alibi.yml", f"log_dir={tmp_path}", "seed=7"]
+    # tiny.yml saves to and loads from checkpoints/tiny: away from a Quick start run in the repository
+    run = tmp_path / "checkpoints"
+    argv = ["train.py", flag, str(REPO / "configs"), "models/tiny.yml", "pe/alibi.yml", f"log_dir={tmp_path}", f"save={run}",
+            f"load={run}", "seed=7"]
     assert cli.deepy_main(argv) == 0
     written = yaml.safe_load(Path(calls[0][-1]).read_text())
     assert written["pos_emb"] == "alibi" and written["num_layers"] == 2 and written["seed"] == 7

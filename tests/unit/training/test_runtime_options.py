@@ -43,9 +43,12 @@ def dry_run_cases() -> list[str]:
 
 
 @pytest.mark.parametrize("word", dry_run_cases())
-def test_dry_run_builds_the_model_with_every_run_time_option(word: str, capsys: pytest.CaptureFixture) -> None:
+def test_dry_run_builds_the_model_with_every_run_time_option(word: str, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     """The model is built on the meta device: the scaled frequencies are computed on the CPU first."""
-    argv = [str(REPO / "configs/models/tiny.yml"), str(REPO / "configs/pe/rotary.yml"), word, "--dry-run"]
+    # tiny.yml saves to and loads from checkpoints/tiny: away from a Quick start run in the repository
+    run = tmp_path / "checkpoints"
+    argv = [str(REPO / "configs/models/tiny.yml"), str(REPO / "configs/pe/rotary.yml"), word, f"save={run}", f"load={run}",
+            "--dry-run"]
     assert training_cli.train_main(argv) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     name, value = word.split("=", 1)
