@@ -187,13 +187,19 @@ def deepy_main(argv: list[str]) -> int:
         print(f"deepy: {finished}", flush=True)
         return 0
     run_dir = Path(cfg.logging.log_dir or "logs")
+    created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = run_dir / f"resolved-config-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.yml"
     cfg.save_yaml(resolved, sources=True)  # errors on the ranks name the user's files, not this one
     print(f"deepy: resolved config written to {resolved} ({world} process(es))", flush=True)
     command = launch_command(known, world, resolved, cfg)
     print("deepy: " + " ".join(command), flush=True)
-    return run_child(command)
+    status = run_child(command)
+    if status != 0 and list(run_dir.iterdir()) == [resolved]:  # refused before it ran: leave no run behind
+        resolved.unlink()
+        if created:
+            run_dir.rmdir()
+    return status
 
 
 def finished_training(cfg: Any) -> str | None:

@@ -98,3 +98,23 @@ def test_the_resolved_config_keeps_the_users_files_and_keys(monkeypatch: pytest.
     assert cfg.provenance("model.num_layers") == (tiny[0], "num-layers")
     assert cfg.provenance("optimizer.weight_decay")[0] in (tiny[0], "<default>")
     assert cfg.model.hidden_size == 64 and cfg.model.seq_length == 96
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_refused_launch_leaves_no_run_folder(monkeypatch: pytest.MonkeyPatch, tmp_path, existing: bool) -> None:
+    """train.py refusing its data (exit 2) left logs/resolved-config-*.yml in a new run folder; now the
+    folder goes when deepy.py made it; in a folder that held a run already, nothing is removed."""
+    tiny = [str(REPO / "configs/models/tiny.yml")]
+    monkeypatch.setattr(cli, "run_child", lambda command: 2)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    logs = tmp_path / "logs"
+    if existing:
+        logs.mkdir()
+        (logs / "metrics.jsonl").write_text("{}\n")
+    run = [f"save={tmp_path / 'checkpoints'}", f"load={tmp_path / 'checkpoints'}", f"log_dir={logs}"]
+    assert cli.deepy_main(["train.py", *tiny, *run]) == 2
+    if not existing:
+        assert not logs.exists()
+        return
+    names = sorted(path.name for path in logs.iterdir())  # a run was there: its folder is not cleared
+    assert len(names) == 2 and names[0] == "metrics.jsonl" and names[1].startswith("resolved-config-")
