@@ -183,6 +183,12 @@ def deepy_main(argv: list[str]) -> int:
         check_run_folders(cfg)
         trains = Path(known.script).name not in EVALUATION_SCRIPTS and "--dry-run" not in known.script_args
         finished = finished_training(cfg) if trains else None
+        if trains and str(cfg.precision.precision) == "fp16":  # every rank would refuse it after the launch
+            from kerple.parallel.groups import cuda_wanted
+            from kerple.training.errors import FP16_NEEDS_CUDA
+
+            if not cuda_wanted():
+                raise UsageError(FP16_NEEDS_CUDA)
     if finished:
         print(f"deepy: {finished}", flush=True)
         return 0

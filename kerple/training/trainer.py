@@ -50,7 +50,7 @@ from kerple.parallel.vote import LaggedVote
 from kerple.training.batches import build_feeds
 from kerple.training.ds_config import optimizer_steps_itself
 from kerple.training.engine import build_rank_model, build_stages, gathered, initialize_engine
-from kerple.training.errors import TrainingDivergedError, TrainingError
+from kerple.training.errors import FP16_NEEDS_CUDA, TrainingDivergedError, TrainingError
 from kerple.training.gradient_check import check_positional_gradients
 from kerple.training.lock import SaveLock
 from kerple.training.memory import check_training_memory
@@ -179,10 +179,7 @@ class Trainer:
     def _check_supported(self) -> None:
         """Refuse what depends on the device; the parallel layouts are checked when the config loads."""
         if self.precision == "fp16" and self.parallel.device.type == "cpu":
-            raise TrainingError(
-                "fp16 training needs a CUDA GPU: DeepSpeed 0.19 rejects fp16 on the CPU accelerator. "
-                "On CPU use bf16 ('bf16: {enabled: true}') or fp32 (remove the fp16 block)."
-            )
+            raise TrainingError(FP16_NEEDS_CUDA)
 
     @property
     def zero3(self) -> bool:

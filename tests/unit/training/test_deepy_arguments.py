@@ -118,3 +118,19 @@ def test_a_refused_launch_leaves_no_run_folder(monkeypatch: pytest.MonkeyPatch, 
         return
     names = sorted(path.name for path in logs.iterdir())  # a run was there: its folder is not cleared
     assert len(names) == 2 and names[0] == "metrics.jsonl" and names[1].startswith("resolved-config-")
+
+
+def test_fp16_without_a_gpu_is_refused_before_the_launch(monkeypatch: pytest.MonkeyPatch, tmp_path, capsys) -> None:
+    """fp16 on the CPU accelerator was refused by every rank's train.py after deepy.py had written its
+    resolved config and launched; now deepy.py refuses it first (exit 2) and writes nothing."""
+    from kerple.parallel import groups
+
+    monkeypatch.setattr(cli, "run_child", lambda command: pytest.fail(f"launched {command}"))
+    monkeypatch.setattr(groups, "cuda_wanted", lambda: False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    run = [f"save={tmp_path / 'checkpoints'}", f"load={tmp_path / 'checkpoints'}", f"log_dir={tmp_path / 'logs'}"]
+    fp16 = tmp_path / "fp16.yml"
+    fp16.write_text("fp16: {enabled: true}\n")
+    assert cli.deepy_main(["train.py", str(REPO / "configs/models/tiny.yml"), str(fp16), *run]) == 2
+    assert "fp16 training needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "logs").exists()
