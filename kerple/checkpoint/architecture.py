@@ -181,6 +181,9 @@ def check_architecture(arch: dict[str, Any], cfg: Any, source: str | Path, *, mo
                 f" (the checkpoint was padded for model_parallel_size {model_parallel_size}: set "
                 f"make_vocab_size_divisible_by so that vocab_size pads to {value})"
             )
+        elif name == "padded_vocab_size" and cfg.provenance("model.vocab_size")[0] == "<default>":
+            hint = (f" (no file sets vocab_size, so it is the tokenizer's, {cfg.model.vocab_size}; a checkpoint "
+                    "trained when an unset vocab_size meant 50257 loads with vocab_size: 50257)")
         elif name == "no_weight_tying":
             hint = " (the checkpoint " + ("has an untied head final_linear)" if value else "ties the head to word_embeddings)")
         elif families.family_of(cfg).legacy_args.get(name) == value:

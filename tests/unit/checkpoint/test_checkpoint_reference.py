@@ -177,3 +177,24 @@ def test_a_namespace_args_record_resumes_as_a_reference_checkpoint(tmp_path):
     state = read_run_state(tmp_path, parallel=None, iteration=7)
     assert (state.iteration, state.is_own_format) == (7, False)
     assert RunState.from_record(record).args == {"num_layers": 2, "hidden_size": 64, "model_parallel_size": 1}
+
+
+def test_a_vocab_size_taken_from_the_tokenizer_is_named_in_a_mismatch() -> None:
+    """A config that sets no vocab_size now gets its tokenizer's (CharLevelTokenizer: 512 ids, padded to
+    512); a checkpoint of 50,304 rows, from when an unset vocab_size meant 50,257, is refused with the fix."""
+    from pathlib import Path
+
+    from kerple.checkpoint.architecture import check_architecture
+    from kerple.config import load_config
+
+    repo = Path(__file__).resolve().parents[3]
+    cfg = load_config([repo / "configs/models/tiny.yml"], {"tokenizer_type": "CharLevelTokenizer"})
+    assert cfg.model.padded_vocab_size == 512
+    with pytest.raises(ArchitectureMismatchError, match=r"checkpoint 50304 vs config 512 \(no file sets vocab_size, "
+                                                        r"so it is the tokenizer's, 512.*vocab_size: 50257\)"):
+        check_architecture({"padded_vocab_size": 50304}, cfg, "old-run")
+    set_explicitly = load_config([repo / "configs/models/tiny.yml"], {"tokenizer_type": "CharLevelTokenizer",
+                                                                      "vocab_size": 512})
+    with pytest.raises(ArchitectureMismatchError) as caught:
+        check_architecture({"padded_vocab_size": 50304}, set_explicitly, "old-run")
+    assert "tokenizer's" not in str(caught.value)
