@@ -25,13 +25,14 @@ class PreparedData:
     @classmethod
     def from_info(cls, info_file: Path, prefix: str | None = None) -> PreparedData:
         """The dataset ``info_file`` describes (``prefix``: where it is now, when not where it was written)."""
-        from tokenizers import Tokenizer
+        from kerple.data.tokenizers import build_tokenizer
 
         info = json.loads(Path(info_file).read_text())
-        tokenizer = info["tokenizer"]
+        tokenizer = info["tokenizer"]  # what Tokenizer.describe() wrote: its type and files
+        built = build_tokenizer(tokenizer["tokenizer_type"], tokenizer.get("vocab_file"), tokenizer.get("merge_file"))
         return cls(prefix=prefix or info["prefix"], split=info["split"], tokenizer_file=tokenizer["vocab_file"],
-                   vocab_size=Tokenizer.from_file(tokenizer["vocab_file"]).get_vocab_size(), parts=info["parts"],
-                   source=info.get("source") or {}, tokenizer_type=tokenizer["tokenizer_type"])
+                   vocab_size=built.vocab_size, parts=info["parts"], source=info.get("source") or {},
+                   tokenizer_type=tokenizer["tokenizer_type"])
 
     def tokens(self, part: str) -> int:
         return int(self.parts.get(part, {}).get("tokens", 0))
