@@ -130,7 +130,8 @@ def candidates(roots: Sequence[SourceRoot], order: Callable[[str], Any] | None =
     """``(root, key, path)`` of every non-empty ``.py`` file under ``roots``, sorted by ``order(key)``
     (by key when ``order`` is None)."""
     found = [(root, key, path) for root in roots for key, path in _python_files(root)]
-    return sorted(found, key=lambda item: item[1] if order is None else order(item[1]))
+    rank = order or (lambda key: key)
+    return sorted(found, key=lambda item: rank(item[1]))
 
 
 def distinct_files(found: Iterable[tuple[SourceRoot, str, str]], roots: Sequence[SourceRoot],

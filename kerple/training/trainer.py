@@ -200,7 +200,8 @@ class Trainer:
         Nothing here waits for the device: :meth:`read_losses` checks the losses at log and save steps.
         """
         assert self.train_feed is not None
-        if not (self.engine.training and self.engine.module.training):  # train() walks every module: a host cost
+        # train() walks every module, a host cost per step; DeepSpeed's train()/eval() set only the module's flag
+        if not self.engine.module.training:
             self.engine.train()
         skipped_before = self.engine.skipped_steps
         if self.pipelined:
