@@ -11,6 +11,8 @@ keeps the earlier loss-scale settings.
 
 GPT-NeoX keys that kerple reads without acting on them are listed, once per load, in one note on
 the same logger (:func:`kerple.config.neox_checks.compatibility_note`); entry points print it.
+``deepy.py`` prints them when it merges the user's files and names the resolved file it wrote in
+:data:`NOTES_SHOWN`, so the ranks it starts on that file do not print them again.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from kerple.config.sections import SECTIONS
 logger = logging.getLogger("kerple.config")
 
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
+NOTES_SHOWN = "KERPLE_CONFIG_NOTES_SHOWN"
+"""Environment variable: the config file whose notes a launcher already printed."""
 
 
 class _DuplicateKey(Exception):
@@ -198,9 +202,11 @@ def load_config(
     if fixed:
         _merge_into(merged, flatten(dict(fixed), THIS_COMMAND), log=False)
     cfg = build_config(merged)
-    for note in (compatibility_note(cfg), unused_data_path_note(cfg)):
-        if note:
-            logger.info("%s", note)
+    shown = os.environ.get(NOTES_SHOWN)
+    if not (shown and [str(path) for path in paths] == [shown]):
+        for note in (compatibility_note(cfg), unused_data_path_note(cfg)):
+            if note:
+                logger.info("%s", note)
     return cfg
 
 

@@ -169,6 +169,7 @@ def deepy_main(argv: list[str]) -> int:
     check_launch_arguments(known)
     with exit_on_interrupt("deepy.py"):  # nothing is written until the resolved config
         from kerple.config import load_config, parse_overrides, split_arguments
+        from kerple.config.loader import NOTES_SHOWN
 
         paths, overrides = split_arguments(rest)
         if not paths:
@@ -200,6 +201,7 @@ def deepy_main(argv: list[str]) -> int:
     print(f"deepy: resolved config written to {resolved} ({world} process(es))", flush=True)
     command = launch_command(known, world, resolved, cfg)
     print("deepy: " + " ".join(command), flush=True)
+    os.environ[NOTES_SHOWN] = str(resolved)  # printed above: the ranks do not repeat them
     status = run_child(command)
     if status != 0 and list(run_dir.iterdir()) == [resolved]:  # refused before it ran: leave no run behind
         resolved.unlink()

@@ -134,3 +134,31 @@ def test_fp16_without_a_gpu_is_refused_before_the_launch(monkeypatch: pytest.Mon
     assert cli.deepy_main(["train.py", str(REPO / "configs/models/tiny.yml"), str(fp16), *run]) == 2
     assert "fp16 training needs a CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "logs").exists()
+
+
+def test_the_ranks_do_not_repeat_the_notes_deepy_printed(monkeypatch: pytest.MonkeyPatch, tmp_path, caplog) -> None:
+    """The "accepted without effect" list printed twice: once by deepy.py, once more by every rank
+    reading the resolved config. A user's own load of that file still prints it."""
+    from kerple.config import load_config
+    from kerple.config.loader import NOTES_SHOWN
+
+    monkeypatch.delenv(NOTES_SHOWN, raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    caplog.set_level("INFO", logger="kerple.config")
+    ranks: list[int] = []
+
+    def rank(command: list[str]) -> int:  # what train.py does first on each rank: load the resolved file
+        load_config([command[-1]])
+        ranks.append(1)
+        return 0
+
+    monkeypatch.setattr(cli, "run_child", rank)
+    run = tmp_path / "checkpoints"
+    argv = ["train.py", *TINY, f"log_dir={tmp_path}", f"save={run}", f"load={run}", "wall_clock_breakdown=true"]
+    assert cli.deepy_main(argv) == 0 and ranks == [1]
+    notes = [r.getMessage() for r in caplog.records if "accepted without effect" in r.getMessage()]
+    assert len(notes) == 1 and "wall_clock_breakdown = true (<command line>)" in notes[0]
+    caplog.clear()
+    monkeypatch.delenv(NOTES_SHOWN)
+    load_config([str(next(tmp_path.glob("resolved-config-*.yml")))])
+    assert any("accepted without effect" in r.getMessage() for r in caplog.records)
