@@ -120,18 +120,20 @@ def test_the_learning_rate_warms_up_linearly_then_stays(monkeypatch: pytest.Monk
     assert seen == pytest.approx([0.5e-3, 1e-3, 1.5e-3, 2e-3, 2e-3, 2e-3])
 
 
-def test_warmup_flag_reaches_the_runs_and_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_warmup_and_progress_flags_reach_the_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture) -> None:
     tool = load_tool()
     seen = []
-    monkeypatch.setattr(bench, "run", lambda task, arch, seed, settings, lengths, progress=False: seen.append(settings) or
+    monkeypatch.setattr(bench, "run", lambda task, arch, seed, settings, lengths, progress=False: seen.append((settings, progress)) or
                         {"task": task.name, "arch": arch, "seed": seed, "train_max_length": 40, "accuracy": {"41": 1.0},
                          "mean_accuracy": 1.0, "train_length_accuracy": 1.0, "steps": 1, "train_seconds": 0.0,
                          "test_seconds": 0.0, "settings": {"chunk_size": 2}})
     monkeypatch.setattr(bench, "plot_accuracy", lambda results, path: Path(path).write_bytes(b"png"))
     argv = ["--task", "parity_check", "--seeds", "1", "--output", str(tmp_path / "w.json")]
     assert tool.main([*argv, "--warmup", "7"]) == 0
-    assert seen[0].warmup_steps == 7 and seen[0].learning_rate == 1e-3
+    assert seen[0][0].warmup_steps == 7 and seen[0][0].learning_rate == 1e-3
+    assert seen[0][1]  # a seed trains for minutes: its bars are shown unless --no-progress
+    assert tool.main([*argv, "--no-progress", "--output", str(tmp_path / "q.json")]) == 0 and not seen[1][1]
     assert tool.main([*argv, "--warmup", "-1"]) == 2
     assert "--warmup -1: expected at least 0" in capsys.readouterr().err
 
