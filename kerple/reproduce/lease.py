@@ -114,8 +114,8 @@ class LeasePlan:
     notes: list[str] = field(default_factory=list)
 
     def overhead_s(self, name: str) -> float:
-        """Run ``name``'s seconds outside its steps: start-up, checkpoint, evaluation, two report rewrites."""
-        return self.start_s[name] + self.checkpoint_s + self.eval_s[name] + 2 * self.report_s
+        """Run ``name``'s seconds outside its steps (:func:`run_overhead`)."""
+        return run_overhead(self.start_s[name], self.eval_s[name], self.checkpoint_s, self.report_s)
 
     def steps_s(self, name: str, tokens_per_step: int) -> float:
         """Run ``name``'s seconds of training steps at the assumed tokens/s."""
@@ -140,14 +140,17 @@ def seconds_needed(steps: int, tokens_per_s: Sequence[float], tokens_per_step: i
     return sum(overhead_s) + steps * sum(tokens_per_step / rate for rate in tokens_per_s) / safety
 
 
-def run_kernel(pos_emb: str, device: str, seq_length: int, requested: str) -> str:
-    """The attention kernel a run trains with: ``requested``, or what ``auto`` picks on ``device``."""
-    if requested != "auto":
-        return requested
+def _auto_choice(pos_emb: str, device: str, training: bool, length: int) -> str:
+    """What ``attention_impl: auto`` picks for ``pos_emb`` on ``device`` (a device name, or ``CPU``)."""
     from kerple.model.attention import choose_implementation
     from kerple.positional import family
 
-    return choose_implementation(family(pos_emb).kind, "cpu" if device == "CPU" else "cuda", True, seq_length)
+    return choose_implementation(family(pos_emb).kind, "cpu" if device == "CPU" else "cuda", training, length)
+
+
+def run_kernel(pos_emb: str, device: str, seq_length: int, requested: str) -> str:
+    """The attention kernel a run trains with: ``requested``, or what ``auto`` picks on ``device``."""
+    return requested if requested != "auto" else _auto_choice(pos_emb, device, True, seq_length)
 
 
 def eval_kernel(pos_emb: str, device: str, lengths: Sequence[int], requested: str) -> str:
@@ -155,12 +158,13 @@ def eval_kernel(pos_emb: str, device: str, lengths: Sequence[int], requested: st
     at any length (it compiles once per length), else what ``auto`` picks."""
     if requested != "auto":
         return requested
-    from kerple.model.attention import choose_implementation
-    from kerple.positional import family
-
-    chosen = {choose_implementation(family(pos_emb).kind, "cpu" if device == "CPU" else "cuda", False, length)
-              for length in lengths}
+    chosen = {_auto_choice(pos_emb, device, False, length) for length in lengths}
     return "flex" if "flex" in chosen else sorted(chosen)[0]
+
+
+def run_overhead(start_s: float, eval_s: float, checkpoint_s: float, report_s: float) -> float:
+    """A run's seconds outside its steps: start-up, checkpoint, evaluation, two report rewrites."""
+    return start_s + checkpoint_s + eval_s + 2 * report_s
 
 
 def overhead_parts(kernels: dict[str, str], eval_kernels: dict[str, str], lease: LeaseScale,
@@ -181,7 +185,7 @@ def run_overheads(kernels: dict[str, str], eval_kernels: dict[str, str], lease: 
                   throughput: Throughput | None) -> dict[str, float]:
     """Per run: start-up, checkpoint, evaluation and two report rewrites (:meth:`LeasePlan.overhead_s`)."""
     start, evaluate = overhead_parts(kernels, eval_kernels, lease, throughput)
-    return {name: start[name] + lease.checkpoint_s + evaluate[name] + 2 * lease.report_s for name in kernels}
+    return {name: run_overhead(start[name], evaluate[name], lease.checkpoint_s, lease.report_s) for name in kernels}
 
 
 def corpus_seconds(lease: LeaseScale, minutes: float) -> float:
