@@ -157,6 +157,18 @@ class IndexedDatasetWriter:
         self.abort()
 
 
+def _mismatch_fix(nbytes: int, tokens: int, dtype: np.dtype, idx_name: str) -> str:
+    """What a .bin whose size disagrees with its index most likely is, and the fix."""
+    fits = sorted({np.dtype(other).itemsize for other in DTYPE_CODES.values()} - {dtype.itemsize})
+    other = next((size for size in fits if tokens and nbytes == tokens * size), None)
+    if other is not None:
+        return (f"that is exactly {tokens} tokens of {other} bytes, so {idx_name} (dtype code {dtype_code(dtype)}, "
+                f"{dtype}) was written for another .bin or with another dtype; use the .idx written with this "
+                ".bin, or prepare the dataset again (prepare_data.py)")
+    return "the pair is damaged or mismatched (an interrupted copy?): copy both files again, or prepare the dataset " \
+           "again (prepare_data.py)"
+
+
 class MMapIndexedDataset:
     """Reads a Megatron mmap dataset after checking the index against the format and the .bin size.
 
@@ -208,17 +220,13 @@ class MMapIndexedDataset:
         if len(self.sizes) and int(self.sizes.min()) < 0:
             raise DataError(f"{idx_file}: negative item size in the index")
         nbytes = bin_file.stat().st_size
-        expected = int(self.sizes.astype(np.int64).sum()) * itemsize
-        if nbytes < expected:
-            raise DataError(
-                f"{bin_file}: truncated: {nbytes} bytes, but the sizes in {idx_file.name} "
-                f"need {expected} ({expected // itemsize} tokens of {self.dtype})"
-            )
-        if nbytes > expected:
-            raise DataError(
-                f"{bin_file}: {nbytes} bytes, but the sizes in {idx_file.name} account for only "
-                f"{expected}: index and data do not match"
-            )
+        tokens = int(self.sizes.astype(np.int64).sum())
+        expected = tokens * itemsize
+        if nbytes != expected:
+            found = (f"truncated: {nbytes} bytes, but the sizes in {idx_file.name} need {expected}" if nbytes < expected
+                     else f"{nbytes} bytes, but the sizes in {idx_file.name} account for only {expected}")
+            raise DataError(f"{bin_file}: {found} ({tokens} tokens of {self.dtype}); "
+                            + _mismatch_fix(nbytes, tokens, self.dtype, idx_file.name))
         if len(self.sizes):
             ends = self.pointers + self.sizes.astype(np.int64) * itemsize
             if int(self.pointers.min()) < 0 or int(ends.max()) > nbytes:

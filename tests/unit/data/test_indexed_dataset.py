@@ -120,8 +120,22 @@ def test_sizes_do_not_match_bin(tmp_path: Path) -> None:
     prefix = _corrupt(tmp_path)
     with open(f"{prefix}.bin", "ab") as handle:
         handle.write(b"\x00\x00")
-    with pytest.raises(DataError, match=r"bad\.bin: .* do not match"):
+    with pytest.raises(DataError, match=r"bad\.bin: 30 bytes, but the sizes in bad\.idx account for only 28 .*"
+                                        r"copy both files again, or prepare the dataset again \(prepare_data\.py\)$"):
         MMapIndexedDataset(prefix)
+
+
+def test_an_index_of_another_dtype_is_named_as_such(tmp_path: Path) -> None:
+    """A uint16 .bin (14 tokens, 28 bytes) under an .idx saying int32 was reported only as "truncated"."""
+    _corrupt(tmp_path)
+    spec_files(tmp_path / "int32", DOCUMENTS, code=4, fmt="I")
+    Path(tmp_path / "int32.bin").write_bytes(Path(tmp_path / "bad.bin").read_bytes())
+    with pytest.raises(DataError) as raised:
+        MMapIndexedDataset(tmp_path / "int32")
+    assert str(raised.value) == (
+        f"{tmp_path}/int32.bin: truncated: 28 bytes, but the sizes in int32.idx need 56 (14 tokens of int32); that is "
+        "exactly 14 tokens of 2 bytes, so int32.idx (dtype code 4, int32) was written for another .bin or with another "
+        "dtype; use the .idx written with this .bin, or prepare the dataset again (prepare_data.py)")
 
 
 def test_index_length_disagrees_with_header(tmp_path: Path) -> None:
