@@ -81,6 +81,17 @@ def make_corpus(tmp_path: Path, sizes: list[int], seed: int = 0) -> tuple[Path, 
     return prefix, documents
 
 
+@pytest.mark.parametrize(("split", "size", "bounds"), [
+    ("969,30,1", 1000, [0, 969, 999, 1000]),
+    ("969,30,1", 7, [0, 7, 7, 7]),  # 6.783 -> 7, 0.21 -> 0, 0.007 -> 0
+    ("100,0,0", 5, [0, 5, 5, 5]),
+    ("2,1,1", 10, [0, 6, 8, 10]),  # 5, 2.5 -> 2, 2.5 -> 2 (round half to even) sum to 9: every bound moves up 1
+    ("1,1,1", 10, [0, 4, 7, 10]),  # 3.33 -> 3 three times sum to 9: every bound moves up 1
+])
+def test_split_boundaries_hand_computed(split: str, size: int, bounds: list[int]) -> None:
+    assert split_boundaries(split, size) == bounds
+
+
 @pytest.mark.parametrize("split", ["949,50,1", "969, 30, 1", "1,1,1", "100", "90,10", "7,0,3"])
 @pytest.mark.parametrize("size", [1, 3, 10, 249, 1762])
 def test_split_boundaries_match_reference(split: str, size: int) -> None:
@@ -150,9 +161,6 @@ def test_build_from_config_split_and_separate_paths(tmp_path: Path) -> None:
     cfg.data.train_data_paths = [str(prefix)]
     separate = build_datasets_from_config(cfg, (20, 4, 4), cache=False)
     assert separate.test is None and separate.valid[0]["text"].shape == (65,)  # type: ignore[index]
-    cfg.data.train_data_paths = [str(prefix), str(prefix)]
-    with pytest.raises(DataError, match="blending"):
-        build_datasets_from_config(cfg, (20, 4, 4), cache=False)
 
 
 def test_a_missing_dataset_names_its_key_its_file_and_the_slip(tmp_path: Path) -> None:
