@@ -231,10 +231,12 @@ class MMapIndexedDataset:
             ends = self.pointers + self.sizes.astype(np.int64) * itemsize
             if int(self.pointers.min()) < 0 or int(ends.max()) > nbytes:
                 raise DataError(f"{idx_file}: item pointers reach outside {bin_file.name}")
+        # GPT2Dataset samples items, never documents; GPT-NeoX's merge_datasets.py writes doc_idx [0]
+        # for any item count, and GPT-NeoX reads such files, so doc_idx need not end at the count
         doc_idx = self.doc_idx
-        if len(doc_idx) == 0 or doc_idx[0] != 0 or doc_idx[-1] != len(self.sizes):
+        if len(doc_idx) == 0 or doc_idx[0] != 0 or int(doc_idx.max()) > len(self.sizes):
             raise DataError(
-                f"{idx_file}: doc_idx must start at 0 and end at the item count {len(self.sizes)}"
+                f"{idx_file}: doc_idx must start at 0 and stay within the item count {len(self.sizes)}"
             )
         if len(doc_idx) > 1 and bool((np.diff(doc_idx) < 0).any()):
             raise DataError(f"{idx_file}: doc_idx is not non-decreasing")

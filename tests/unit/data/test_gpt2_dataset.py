@@ -123,6 +123,23 @@ def test_index_maps_and_samples_match_reference(tmp_path: Path, seq_length: int,
         np.testing.assert_array_equal(item["labels"], item["text"][1:])
 
 
+def test_the_tiled_order_holds_each_document_once_per_epoch_and_the_samples_tile_it(tmp_path: Path) -> None:
+    """Worked without the reference's loop: 3 epochs of 5 documents (46 tokens each) make 138 tokens,
+    (138 - 1) // 8 = 17 windows of 9 tokens; window k is tokens 8k ... 8k + 8 of the shuffled stream, so
+    every token up to 136 is read, a boundary token twice, and the last token only starts no window."""
+    sizes = [10, 3, 20, 6, 7]
+    prefix, documents = make_corpus(tmp_path, sizes)
+    indexed = MMapIndexedDataset(prefix)
+    dataset = GPT2Dataset("train", prefix, np.arange(5, dtype=np.int32), indexed, 15, 8, 3, cache=False)
+    assert len(dataset) == 17 and len(dataset.doc_idx) == 15
+    assert np.bincount(np.asarray(dataset.doc_idx), minlength=5).tolist() == [3] * 5  # shuffled across epochs
+    stream = np.concatenate([documents[d] for d in dataset.doc_idx])
+    order = np.argsort(np.asarray(dataset.shuffle_idx))  # dataset position of window k
+    for window in range(17):
+        np.testing.assert_array_equal(dataset[int(order[window])]["text"], stream[8 * window: 8 * window + 9])
+    assert sorted(np.asarray(dataset.shuffle_idx).tolist()) == list(range(17))
+
+
 def test_empty_documents_follow_reference_walk(tmp_path: Path) -> None:
     sizes = [5, 0, 0, 4, 0, 6, 1, 0, 9]
     prefix, _ = make_corpus(tmp_path, sizes)

@@ -16,7 +16,8 @@ DOCUMENTS = [[5, 17, 65535, 0], [9], [300, 301, 302, 303, 304, 305, 306], [42, 4
 
 
 def spec_files(prefix: Path, documents: list[list[int]], code: int = 8, fmt: str = "H",
-               magic: bytes = b"MMIDIDX\x00\x00", version: int = 1) -> tuple[bytes, bytes]:
+               magic: bytes = b"MMIDIDX\x00\x00", version: int = 1,
+               doc_idx: list[int] | None = None) -> tuple[bytes, bytes]:
     """The .idx/.bin bytes of ``documents`` written straight from the format description."""
     itemsize = struct.calcsize("<" + fmt)
     data = b"".join(struct.pack(f"<{len(doc)}{fmt}", *doc) for doc in documents)
@@ -25,7 +26,7 @@ def spec_files(prefix: Path, documents: list[list[int]], code: int = 8, fmt: str
     for size in sizes:
         pointers.append(position)
         position += size * itemsize
-    doc_idx = list(range(len(documents) + 1))
+    doc_idx = list(range(len(documents) + 1)) if doc_idx is None else doc_idx
     index = magic + struct.pack("<Q", version) + struct.pack("<B", code)
     index += struct.pack("<Q", len(sizes)) + struct.pack("<Q", len(doc_idx))
     index += struct.pack(f"<{len(sizes)}i", *sizes)
@@ -59,6 +60,18 @@ def test_reader_reads_spec_file(tmp_path: Path, code: int, fmt: str, dtype: type
     assert dataset.get(2, offset=5).tolist() == [305, 306]
     assert dataset.doc_idx.tolist() == [0, 1, 2, 3, 4]
     assert dataset.num_tokens == sum(map(len, documents))
+
+
+def test_reads_a_merged_file_whose_doc_idx_is_only_the_start(tmp_path: Path) -> None:
+    """GPT-NeoX's tools/datasets/merge_datasets.py never extends doc_idx: its files hold [0] for any item
+    count, and GPT-NeoX trains on them (sampling reads items). They were refused here."""
+    spec_files(tmp_path / "merged", DOCUMENTS, doc_idx=[0])
+    dataset = MMapIndexedDataset(tmp_path / "merged")
+    assert [dataset[i].tolist() for i in range(len(DOCUMENTS))] == DOCUMENTS and dataset.doc_idx.tolist() == [0]
+    for bad in ([1, 4], [0, 5]):
+        spec_files(tmp_path / "bad", DOCUMENTS, doc_idx=bad)
+        with pytest.raises(DataError, match=r"bad\.idx: doc_idx must start at 0 and stay within the item count 4"):
+            MMapIndexedDataset(tmp_path / "bad")
 
 
 def test_round_trip_int32_large_ids(tmp_path: Path) -> None:
