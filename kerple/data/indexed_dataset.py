@@ -31,6 +31,7 @@ from kerple.data.errors import DataError
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, count, doc_count: 34 bytes
+REPAIR = "an interrupted copy? copy both files again, or prepare the dataset again (prepare_data.py)"
 
 DTYPE_CODES: dict[int, type[np.generic]] = {
     1: np.uint8,
@@ -165,8 +166,7 @@ def _mismatch_fix(nbytes: int, tokens: int, dtype: np.dtype, idx_name: str) -> s
         return (f"that is exactly {tokens} tokens of {other} bytes, so {idx_name} (dtype code {dtype_code(dtype)}, "
                 f"{dtype}) was written for another .bin or with another dtype; use the .idx written with this "
                 ".bin, or prepare the dataset again (prepare_data.py)")
-    return "the pair is damaged or mismatched (an interrupted copy?): copy both files again, or prepare the dataset " \
-           "again (prepare_data.py)"
+    return f"the pair is damaged or mismatched: {REPAIR}"
 
 
 class MMapIndexedDataset:
@@ -184,7 +184,7 @@ class MMapIndexedDataset:
                 raise DataError(f"{required}: indexed-dataset file not found (prefix {prefix})")
         raw = np.memmap(idx_file, mode="r", dtype=np.uint8) if idx_file.stat().st_size else None
         if raw is None or len(raw) < HEADER.size:
-            raise DataError(f"{idx_file}: too short for an mmap index header ({HEADER.size} bytes)")
+            raise DataError(f"{idx_file}: too short for an mmap index header ({HEADER.size} bytes); {REPAIR}")
         magic, version, code, count, doc_count = HEADER.unpack(bytes(raw[: HEADER.size]))
         if magic != MAGIC:
             raise DataError(
@@ -200,7 +200,7 @@ class MMapIndexedDataset:
         if len(raw) != expected:
             raise DataError(
                 f"{idx_file}: index is {len(raw)} bytes but its header (count {count}, "
-                f"doc_count {doc_count}) implies {expected}"
+                f"doc_count {doc_count}) implies {expected}; {REPAIR}"
             )
         offset = HEADER.size
         self.sizes = np.frombuffer(raw, dtype=np.int32, count=count, offset=offset)

@@ -125,7 +125,8 @@ def test_truncated_bin(tmp_path: Path) -> None:
     prefix = _corrupt(tmp_path)
     data = Path(f"{prefix}.bin").read_bytes()
     Path(f"{prefix}.bin").write_bytes(data[:-3])
-    with pytest.raises(DataError, match=r"bad\.bin: truncated"):
+    with pytest.raises(DataError, match=r"bad\.bin: truncated: 25 bytes, .*copy both files again, or prepare the "
+                                        r"dataset again \(prepare_data\.py\)$"):
         MMapIndexedDataset(prefix)
 
 
@@ -134,7 +135,8 @@ def test_sizes_do_not_match_bin(tmp_path: Path) -> None:
     with open(f"{prefix}.bin", "ab") as handle:
         handle.write(b"\x00\x00")
     with pytest.raises(DataError, match=r"bad\.bin: 30 bytes, but the sizes in bad\.idx account for only 28 .*"
-                                        r"copy both files again, or prepare the dataset again \(prepare_data\.py\)$"):
+                                        r"damaged or mismatched: an interrupted copy\? copy both files again, "
+                                        r"or prepare the dataset again \(prepare_data\.py\)$"):
         MMapIndexedDataset(prefix)
 
 
