@@ -179,8 +179,6 @@ _TABLE: list[NeoXKey] = [
     # settings of features kerple refuses: inert while the feature is off
     NeoXKey("param_sharing_style", str, "grouped", OPTION, "layer sharing (num_unique_layers)"),
     NeoXKey("gmlp_attn_dim", int, 64, OPTION, "gMLP layers (attention_config)"),
-    *_keys(OPTION, list | None, None,
-           "dataset blending (several data paths)", "train_data_weights", "valid_data_weights", "test_data_weights"),
     NeoXKey("weighted_sampler_alpha", float, 0.3, OPTION,
             "dataset weighting by document count (weight_by_num_documents)"),
     *_keys(OPTION, bool, False,

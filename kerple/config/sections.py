@@ -386,6 +386,16 @@ class DataConfig:
     train_data_paths: list[str] | None = setting(None, "Separate training dataset prefixes (instead of data_path + split).")
     valid_data_paths: list[str] | None = setting(None, "Separate validation dataset prefixes.")
     test_data_paths: list[str] | None = setting(None, "Separate test dataset prefixes.")
+    train_data_weights: list[float] | None = setting(
+        None, "Blending weights of train_data_paths, one per path (null: equal); GPT-NeoX's rule, docs/data.md.",
+        minimum=0.0,
+    )
+    valid_data_weights: list[float] | None = setting(
+        None, "Blending weights of valid_data_paths, one per path (null: equal).", minimum=0.0
+    )
+    test_data_weights: list[float] | None = setting(
+        None, "Blending weights of test_data_paths, one per path (null: equal).", minimum=0.0
+    )
     split: str = setting("969, 30, 1", "Train/valid/test proportions of data_path's documents, e.g. '949,50,1'.")
     seq_length_val: int | None = setting(
         None, "Validation/test sequence length (KERPLE fork; extrapolation evaluation); null means seq_length.", minimum=1

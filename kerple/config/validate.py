@@ -361,6 +361,12 @@ def _data(cfg: Config) -> None:
         )
     if cfg.data.seq_length_val is not None:
         cfg.check_eval_length(cfg.data.seq_length_val)
+    for split in ("train", "valid", "test"):
+        paths, weights = getattr(cfg.data, f"{split}_data_paths"), getattr(cfg.data, f"{split}_data_weights")
+        if paths and weights is not None and (len(weights) != len(paths) or not sum(weights) > 0):
+            raise fail(cfg, f"{split}_data_weights {weights}: one non-negative weight per {split}_data_paths entry "
+                       f"({len(paths)}), with a positive sum; or null for equal weights",
+                       f"data.{split}_data_weights")
 
 
 def _training(cfg: Config) -> None:

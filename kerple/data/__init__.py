@@ -4,11 +4,12 @@ Public names (see each module's docstring):
 ``build_tokenizer``, ``Tokenizer`` (``kerple.data.tokenizers``);
 ``IndexedDatasetWriter``, ``MMapIndexedDataset`` (``kerple.data.indexed_dataset``);
 ``GPT2Dataset``, ``build_train_valid_test_datasets``, ``build_datasets_from_config``,
-``neox_num_samples`` (``kerple.data.gpt2_dataset``); ``SOURCES``, ``get_source``
-(``kerple.data.sources``); ``tokenize_corpus``, ``main`` (``kerple.data.preprocess``);
+``neox_num_samples`` (``kerple.data.gpt2_dataset``); ``BlendedDataset`` (``kerple.data.blending``);
+``SOURCES``, ``get_source`` (``kerple.data.sources``); ``tokenize_corpus``, ``main`` (``kerple.data.preprocess``);
 ``DataError`` for every data problem.
 """
 
+from kerple.data.blending import BlendedDataset
 from kerple.data.errors import DataError
 from kerple.data.gpt2_dataset import (
     GPT2Dataset,
@@ -22,6 +23,7 @@ from kerple.data.indexed_dataset import IndexedDatasetWriter, MMapIndexedDataset
 from kerple.data.tokenizers import Tokenizer, build_tokenizer
 
 __all__ = [
+    "BlendedDataset",
     "DataError",
     "GPT2Dataset",
     "IndexedDatasetWriter",

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from kerple.atomic import atomic_path
+from kerple.data.blending import BlendedDataset, blend_num_samples
 from kerple.data.errors import DataError
 from kerple.data.indexed_dataset import MMapIndexedDataset, index_path
 from kerple.data.indexed_dataset import data_path as bin_path
@@ -231,9 +232,9 @@ class GPT2Dataset:
 class SplitDatasets:
     """The train, valid and test datasets; a range without documents or samples is None."""
 
-    train: GPT2Dataset | None
-    valid: GPT2Dataset | None
-    test: GPT2Dataset | None
+    train: GPT2Dataset | BlendedDataset | None
+    valid: GPT2Dataset | BlendedDataset | None
+    test: GPT2Dataset | BlendedDataset | None
 
 
 def build_train_valid_test_datasets(
@@ -302,15 +303,36 @@ def require_dataset_files(cfg: Any, key: str, prefix: str | Path) -> None:
     raise DataError(f"{key} {prefix} ({cfg.provenance(f'data.{key}')[0]}): {' and '.join(missing)} not found; {fix}")
 
 
-def _single_path(value: Any, field: str) -> str | None:
-    """A path field that may be a string or a one-element list (blending is not supported)."""
+def _paths(value: Any) -> list[str]:
+    """A path field that may be null, a string or a list."""
     if value is None or value == "" or value == []:
-        return None
-    if isinstance(value, (list, tuple)):
-        if len(value) != 1:
-            raise DataError(f"{field}: blending several datasets is not supported; give one path")
-        return str(value[0])
-    return str(value)
+        return []
+    return [str(item) for item in value] if isinstance(value, (list, tuple)) else [str(value)]
+
+
+def build_separate_datasets(cfg: Any, num_samples: tuple[int, int, int], seq_length: int, seq_length_eval: int,
+                            seed: int, cache: bool = True) -> SplitDatasets:
+    """``train_data_paths``/``valid_data_paths``/``test_data_paths`` as GPT-NeoX builds them: each
+    list blended by its weights (:mod:`kerple.data.blending`; one path is a blend of one), dataset
+    ``i`` of a list named ``<split>_<i>``."""
+    built: list[BlendedDataset | None] = []
+    for position, name in enumerate(SPLIT_NAMES):
+        paths = _paths(getattr(cfg.data, f"{name}_data_paths", None))
+        if not paths or num_samples[position] <= 0:
+            built.append(None)
+            continue
+        weights = getattr(cfg.data, f"{name}_data_weights", None) or [1.0] * len(paths)
+        if len(weights) != len(paths):
+            raise DataError(f"{name}_data_weights has {len(weights)} weights for {len(paths)} {name}_data_paths; "
+                            "give one weight per path (or none: equal weights)")
+        normalized, counts = blend_num_samples(weights, num_samples[position])
+        length = seq_length if name == "train" else seq_length_eval
+        datasets = []
+        for index, (prefix, count) in enumerate(zip(paths, counts)):
+            require_dataset_files(cfg, f"{name}_data_paths", prefix)
+            datasets.append(build_single_dataset(f"{name}_{index}", prefix, count, length, seed, cache))
+        built.append(BlendedDataset(datasets, normalized))
+    return SplitDatasets(*built)
 
 
 def build_datasets_from_config(cfg: Any, num_samples: tuple[int, int, int], cache: bool = True) -> SplitDatasets:
@@ -324,22 +346,13 @@ def build_datasets_from_config(cfg: Any, num_samples: tuple[int, int, int], cach
     seq_length = int(cfg.model.seq_length)
     seq_length_eval = getattr(data, "seq_length_val", None) or seq_length
     seed = int(cfg.training.seed)
-    separate = [_single_path(getattr(data, f"{name}_data_paths", None), f"{name}-data-paths") for name in SPLIT_NAMES]
-    if any(separate):
-        built: list[GPT2Dataset | None] = []
-        for position, (name, prefix) in enumerate(zip(SPLIT_NAMES, separate)):
-            length = seq_length if name == "train" else seq_length_eval
-            if prefix is None or num_samples[position] <= 0:
-                built.append(None)
-            else:
-                require_dataset_files(cfg, f"{name}_data_paths", prefix)
-                built.append(build_single_dataset(name, prefix, num_samples[position], length, seed, cache))
-        return SplitDatasets(*built)
-    prefix = _single_path(getattr(data, "data_path", None), "data-path")
-    if prefix is None:
+    if any(_paths(getattr(data, f"{name}_data_paths", None)) for name in SPLIT_NAMES):
+        return build_separate_datasets(cfg, num_samples, seq_length, seq_length_eval, seed, cache)
+    prefix = getattr(data, "data_path", None)
+    if not prefix:
         raise DataError("no config sets data_path (or train_data_paths): add a data config such as "
                         "configs/data/stdlib_bpe.yml (its data from prepare_data.py), or data_path=PREFIX")
-    require_dataset_files(cfg, "data_path", prefix)
+    require_dataset_files(cfg, "data_path", str(prefix))
     return build_train_valid_test_datasets(
         prefix, str(getattr(data, "split", None) or "969,30,1"), num_samples, seq_length, seed, seq_length_eval, cache
     )

@@ -31,6 +31,7 @@ from kerple.data.errors import DataError
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, count, doc_count: 34 bytes
+REPAIR = "an interrupted copy? copy both files again, or prepare the dataset again (prepare_data.py)"
 
 DTYPE_CODES: dict[int, type[np.generic]] = {
     1: np.uint8,
@@ -157,6 +158,17 @@ class IndexedDatasetWriter:
         self.abort()
 
 
+def _mismatch_fix(nbytes: int, tokens: int, dtype: np.dtype, idx_name: str) -> str:
+    """What a .bin whose size disagrees with its index most likely is, and the fix."""
+    fits = sorted({np.dtype(other).itemsize for other in DTYPE_CODES.values()} - {dtype.itemsize})
+    other = next((size for size in fits if tokens and nbytes == tokens * size), None)
+    if other is not None:
+        return (f"that is exactly {tokens} tokens of {other} bytes, so {idx_name} (dtype code {dtype_code(dtype)}, "
+                f"{dtype}) was written for another .bin or with another dtype; use the .idx written with this "
+                ".bin, or prepare the dataset again (prepare_data.py)")
+    return f"the pair is damaged or mismatched: {REPAIR}"
+
+
 class MMapIndexedDataset:
     """Reads a Megatron mmap dataset after checking the index against the format and the .bin size.
 
@@ -172,7 +184,7 @@ class MMapIndexedDataset:
                 raise DataError(f"{required}: indexed-dataset file not found (prefix {prefix})")
         raw = np.memmap(idx_file, mode="r", dtype=np.uint8) if idx_file.stat().st_size else None
         if raw is None or len(raw) < HEADER.size:
-            raise DataError(f"{idx_file}: too short for an mmap index header ({HEADER.size} bytes)")
+            raise DataError(f"{idx_file}: too short for an mmap index header ({HEADER.size} bytes); {REPAIR}")
         magic, version, code, count, doc_count = HEADER.unpack(bytes(raw[: HEADER.size]))
         if magic != MAGIC:
             raise DataError(
@@ -188,7 +200,7 @@ class MMapIndexedDataset:
         if len(raw) != expected:
             raise DataError(
                 f"{idx_file}: index is {len(raw)} bytes but its header (count {count}, "
-                f"doc_count {doc_count}) implies {expected}"
+                f"doc_count {doc_count}) implies {expected}; {REPAIR}"
             )
         offset = HEADER.size
         self.sizes = np.frombuffer(raw, dtype=np.int32, count=count, offset=offset)
@@ -208,25 +220,23 @@ class MMapIndexedDataset:
         if len(self.sizes) and int(self.sizes.min()) < 0:
             raise DataError(f"{idx_file}: negative item size in the index")
         nbytes = bin_file.stat().st_size
-        expected = int(self.sizes.astype(np.int64).sum()) * itemsize
-        if nbytes < expected:
-            raise DataError(
-                f"{bin_file}: truncated: {nbytes} bytes, but the sizes in {idx_file.name} "
-                f"need {expected} ({expected // itemsize} tokens of {self.dtype})"
-            )
-        if nbytes > expected:
-            raise DataError(
-                f"{bin_file}: {nbytes} bytes, but the sizes in {idx_file.name} account for only "
-                f"{expected}: index and data do not match"
-            )
+        tokens = int(self.sizes.astype(np.int64).sum())
+        expected = tokens * itemsize
+        if nbytes != expected:
+            found = (f"truncated: {nbytes} bytes, but the sizes in {idx_file.name} need {expected}" if nbytes < expected
+                     else f"{nbytes} bytes, but the sizes in {idx_file.name} account for only {expected}")
+            raise DataError(f"{bin_file}: {found} ({tokens} tokens of {self.dtype}); "
+                            + _mismatch_fix(nbytes, tokens, self.dtype, idx_file.name))
         if len(self.sizes):
             ends = self.pointers + self.sizes.astype(np.int64) * itemsize
             if int(self.pointers.min()) < 0 or int(ends.max()) > nbytes:
                 raise DataError(f"{idx_file}: item pointers reach outside {bin_file.name}")
+        # GPT2Dataset samples items, never documents; GPT-NeoX's merge_datasets.py writes doc_idx [0]
+        # for any item count, and GPT-NeoX reads such files, so doc_idx need not end at the count
         doc_idx = self.doc_idx
-        if len(doc_idx) == 0 or doc_idx[0] != 0 or doc_idx[-1] != len(self.sizes):
+        if len(doc_idx) == 0 or doc_idx[0] != 0 or int(doc_idx.max()) > len(self.sizes):
             raise DataError(
-                f"{idx_file}: doc_idx must start at 0 and end at the item count {len(self.sizes)}"
+                f"{idx_file}: doc_idx must start at 0 and stay within the item count {len(self.sizes)}"
             )
         if len(doc_idx) > 1 and bool((np.diff(doc_idx) < 0).any()):
             raise DataError(f"{idx_file}: doc_idx is not non-decreasing")

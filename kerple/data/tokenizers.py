@@ -223,7 +223,8 @@ class SPMTokenizer(Tokenizer):
 
 
 class CharLevelTokenizer(Tokenizer):
-    """Code points clamped to ``[32, vocab_size - 1]``; EOD 0 (the reference's character tokenizer)."""
+    """The reference's character tokenizer: the text's UTF-8 bytes are the ids (a newline is 10, "é" is
+    195, 169); EOD 0. Decoding maps each id to one character, clamped to ``[32, vocab_size - 1]``."""
 
     name = "CharLevelTokenizer"
 
@@ -242,7 +243,7 @@ class CharLevelTokenizer(Tokenizer):
         return max(32, min(value, self._vocab_size - 1))
 
     def tokenize(self, text: str) -> list[int]:
-        return [self._clamp(ord(character)) for character in text]
+        return list(text.encode("utf-8", "surrogatepass"))
 
     def detokenize(self, token_ids: list[int]) -> str:
         return "".join(chr(self._clamp(int(token))) for token in token_ids)

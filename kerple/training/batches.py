@@ -95,7 +95,7 @@ def build_feeds(cfg: Any, parallel: Any) -> tuple[BatchFeed | None, BatchFeed | 
     if not parallel.is_main:
         datasets = build_datasets_from_config(cfg, num_samples)
     if datasets.train is None and train_iters > 0:
-        raise TrainingError(f"the training split of {cfg.data.data_path} is empty; check 'split' and 'data_path'")
+        raise TrainingError(_no_training_data(cfg))
     if datasets.valid is None and num_samples[1] > 0 and parallel.is_main:
         logging.getLogger(__name__).warning(
             "warning: the validation split of %s is empty (split %r leaves it no documents): this run trains "
@@ -111,6 +111,16 @@ def build_feeds(cfg: Any, parallel: Any) -> tuple[BatchFeed | None, BatchFeed | 
     if train is not None:
         train.check_length(num_samples[0], "training")
     return train, valid
+
+
+def _no_training_data(cfg: Any) -> str:
+    """Why a run has no training samples, and the fix."""
+    data = cfg.data
+    if data.valid_data_paths or data.test_data_paths:
+        return ("valid_data_paths/test_data_paths are set but train_data_paths is not: set train_data_paths "
+                "(GPT-NeoX needs all three), or set all three to null to split data_path")
+    return (f"split {data.split!r} ({cfg.provenance('data.split')[0]}) gives the training part of {data.data_path} "
+            "no documents; give its first weight a share (e.g. '969,30,1')")
 
 
 def _eod_token(data: Any) -> int:

@@ -81,6 +81,17 @@ def make_corpus(tmp_path: Path, sizes: list[int], seed: int = 0) -> tuple[Path, 
     return prefix, documents
 
 
+@pytest.mark.parametrize(("split", "size", "bounds"), [
+    ("969,30,1", 1000, [0, 969, 999, 1000]),
+    ("969,30,1", 7, [0, 7, 7, 7]),  # 6.783 -> 7, 0.21 -> 0, 0.007 -> 0
+    ("100,0,0", 5, [0, 5, 5, 5]),
+    ("2,1,1", 10, [0, 6, 8, 10]),  # 5, 2.5 -> 2, 2.5 -> 2 (round half to even) sum to 9: every bound moves up 1
+    ("1,1,1", 10, [0, 4, 7, 10]),  # 3.33 -> 3 three times sum to 9: every bound moves up 1
+])
+def test_split_boundaries_hand_computed(split: str, size: int, bounds: list[int]) -> None:
+    assert split_boundaries(split, size) == bounds
+
+
 @pytest.mark.parametrize("split", ["949,50,1", "969, 30, 1", "1,1,1", "100", "90,10", "7,0,3"])
 @pytest.mark.parametrize("size", [1, 3, 10, 249, 1762])
 def test_split_boundaries_match_reference(split: str, size: int) -> None:
@@ -110,6 +121,23 @@ def test_index_maps_and_samples_match_reference(tmp_path: Path, seq_length: int,
         np.testing.assert_array_equal(item["text"], stream[start:start + seq_length + 1])
         np.testing.assert_array_equal(item["tokens"], item["text"][:-1])
         np.testing.assert_array_equal(item["labels"], item["text"][1:])
+
+
+def test_the_tiled_order_holds_each_document_once_per_epoch_and_the_samples_tile_it(tmp_path: Path) -> None:
+    """Worked without the reference's loop: 3 epochs of 5 documents (46 tokens each) make 138 tokens,
+    (138 - 1) // 8 = 17 windows of 9 tokens; window k is tokens 8k ... 8k + 8 of the shuffled stream, so
+    every token up to 136 is read, a boundary token twice, and the last token only starts no window."""
+    sizes = [10, 3, 20, 6, 7]
+    prefix, documents = make_corpus(tmp_path, sizes)
+    indexed = MMapIndexedDataset(prefix)
+    dataset = GPT2Dataset("train", prefix, np.arange(5, dtype=np.int32), indexed, 15, 8, 3, cache=False)
+    assert len(dataset) == 17 and len(dataset.doc_idx) == 15
+    assert np.bincount(np.asarray(dataset.doc_idx), minlength=5).tolist() == [3] * 5  # shuffled across epochs
+    stream = np.concatenate([documents[d] for d in dataset.doc_idx])
+    order = np.argsort(np.asarray(dataset.shuffle_idx))  # dataset position of window k
+    for window in range(17):
+        np.testing.assert_array_equal(dataset[int(order[window])]["text"], stream[8 * window: 8 * window + 9])
+    assert sorted(np.asarray(dataset.shuffle_idx).tolist()) == list(range(17))
 
 
 def test_empty_documents_follow_reference_walk(tmp_path: Path) -> None:
@@ -150,9 +178,6 @@ def test_build_from_config_split_and_separate_paths(tmp_path: Path) -> None:
     cfg.data.train_data_paths = [str(prefix)]
     separate = build_datasets_from_config(cfg, (20, 4, 4), cache=False)
     assert separate.test is None and separate.valid[0]["text"].shape == (65,)  # type: ignore[index]
-    cfg.data.train_data_paths = [str(prefix), str(prefix)]
-    with pytest.raises(DataError, match="blending"):
-        build_datasets_from_config(cfg, (20, 4, 4), cache=False)
 
 
 def test_a_missing_dataset_names_its_key_its_file_and_the_slip(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ DOCUMENTS = [[5, 17, 65535, 0], [9], [300, 301, 302, 303, 304, 305, 306], [42, 4
 
 
 def spec_files(prefix: Path, documents: list[list[int]], code: int = 8, fmt: str = "H",
-               magic: bytes = b"MMIDIDX\x00\x00", version: int = 1) -> tuple[bytes, bytes]:
+               magic: bytes = b"MMIDIDX\x00\x00", version: int = 1,
+               doc_idx: list[int] | None = None) -> tuple[bytes, bytes]:
     """The .idx/.bin bytes of ``documents`` written straight from the format description."""
     itemsize = struct.calcsize("<" + fmt)
     data = b"".join(struct.pack(f"<{len(doc)}{fmt}", *doc) for doc in documents)
@@ -25,7 +26,7 @@ def spec_files(prefix: Path, documents: list[list[int]], code: int = 8, fmt: str
     for size in sizes:
         pointers.append(position)
         position += size * itemsize
-    doc_idx = list(range(len(documents) + 1))
+    doc_idx = list(range(len(documents) + 1)) if doc_idx is None else doc_idx
     index = magic + struct.pack("<Q", version) + struct.pack("<B", code)
     index += struct.pack("<Q", len(sizes)) + struct.pack("<Q", len(doc_idx))
     index += struct.pack(f"<{len(sizes)}i", *sizes)
@@ -59,6 +60,18 @@ def test_reader_reads_spec_file(tmp_path: Path, code: int, fmt: str, dtype: type
     assert dataset.get(2, offset=5).tolist() == [305, 306]
     assert dataset.doc_idx.tolist() == [0, 1, 2, 3, 4]
     assert dataset.num_tokens == sum(map(len, documents))
+
+
+def test_reads_a_merged_file_whose_doc_idx_is_only_the_start(tmp_path: Path) -> None:
+    """GPT-NeoX's tools/datasets/merge_datasets.py never extends doc_idx: its files hold [0] for any item
+    count, and GPT-NeoX trains on them (sampling reads items). They were refused here."""
+    spec_files(tmp_path / "merged", DOCUMENTS, doc_idx=[0])
+    dataset = MMapIndexedDataset(tmp_path / "merged")
+    assert [dataset[i].tolist() for i in range(len(DOCUMENTS))] == DOCUMENTS and dataset.doc_idx.tolist() == [0]
+    for bad in ([1, 4], [0, 5]):
+        spec_files(tmp_path / "bad", DOCUMENTS, doc_idx=bad)
+        with pytest.raises(DataError, match=r"bad\.idx: doc_idx must start at 0 and stay within the item count 4"):
+            MMapIndexedDataset(tmp_path / "bad")
 
 
 def test_round_trip_int32_large_ids(tmp_path: Path) -> None:
@@ -112,7 +125,8 @@ def test_truncated_bin(tmp_path: Path) -> None:
     prefix = _corrupt(tmp_path)
     data = Path(f"{prefix}.bin").read_bytes()
     Path(f"{prefix}.bin").write_bytes(data[:-3])
-    with pytest.raises(DataError, match=r"bad\.bin: truncated"):
+    with pytest.raises(DataError, match=r"bad\.bin: truncated: 25 bytes, .*copy both files again, or prepare the "
+                                        r"dataset again \(prepare_data\.py\)$"):
         MMapIndexedDataset(prefix)
 
 
@@ -120,8 +134,23 @@ def test_sizes_do_not_match_bin(tmp_path: Path) -> None:
     prefix = _corrupt(tmp_path)
     with open(f"{prefix}.bin", "ab") as handle:
         handle.write(b"\x00\x00")
-    with pytest.raises(DataError, match=r"bad\.bin: .* do not match"):
+    with pytest.raises(DataError, match=r"bad\.bin: 30 bytes, but the sizes in bad\.idx account for only 28 .*"
+                                        r"damaged or mismatched: an interrupted copy\? copy both files again, "
+                                        r"or prepare the dataset again \(prepare_data\.py\)$"):
         MMapIndexedDataset(prefix)
+
+
+def test_an_index_of_another_dtype_is_named_as_such(tmp_path: Path) -> None:
+    """A uint16 .bin (14 tokens, 28 bytes) under an .idx saying int32 was reported only as "truncated"."""
+    _corrupt(tmp_path)
+    spec_files(tmp_path / "int32", DOCUMENTS, code=4, fmt="I")
+    Path(tmp_path / "int32.bin").write_bytes(Path(tmp_path / "bad.bin").read_bytes())
+    with pytest.raises(DataError) as raised:
+        MMapIndexedDataset(tmp_path / "int32")
+    assert str(raised.value) == (
+        f"{tmp_path}/int32.bin: truncated: 28 bytes, but the sizes in int32.idx need 56 (14 tokens of int32); that is "
+        "exactly 14 tokens of 2 bytes, so int32.idx (dtype code 4, int32) was written for another .bin or with another "
+        "dtype; use the .idx written with this .bin, or prepare the dataset again (prepare_data.py)")
 
 
 def test_index_length_disagrees_with_header(tmp_path: Path) -> None:

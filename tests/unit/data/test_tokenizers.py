@@ -69,10 +69,12 @@ def test_sentencepiece_matches_library(tmp_path: Path) -> None:
 
 
 def test_char_level() -> None:
+    """The reference tokenizes with ``np.fromstring(text, dtype=np.uint8)``: the UTF-8 bytes, unclamped (a
+    newline stays 10, "東" is the three bytes E6 9D B1); it decodes one character per id, clamped to >= 32."""
     tokenizer = CharLevelTokenizer()
-    assert tokenizer.tokenize("Az\n") == [65, 122, 32]
-    assert tokenizer.tokenize("東")[0] == 511
-    assert tokenizer.detokenize([72, 105]) == "Hi" and tokenizer.eod == 0
+    assert tokenizer.tokenize("Az\n\t") == [65, 122, 10, 9]
+    assert tokenizer.tokenize("é東") == [0xC3, 0xA9, 0xE6, 0x9D, 0xB1]
+    assert tokenizer.detokenize([72, 105, 10]) == "Hi " and tokenizer.eod == 0
 
 
 def test_trained_bpe(tmp_path: Path) -> None:
