@@ -97,11 +97,7 @@ def build_feeds(cfg: Any, parallel: Any) -> tuple[BatchFeed | None, BatchFeed | 
     if datasets.train is None and train_iters > 0:
         raise TrainingError(_no_training_data(cfg))
     if datasets.valid is None and num_samples[1] > 0 and parallel.is_main:
-        logging.getLogger(__name__).warning(
-            "warning: the validation split of %s is empty (split %r leaves it no documents): this run trains "
-            "without validation. Use a larger corpus, a larger second weight in 'split', or 'valid_data_paths'",
-            cfg.data.data_path, cfg.data.split,
-        )
+        logging.getLogger(__name__).warning("warning: %s", _no_validation_data(cfg))
     eod = _eod_token(cfg.data) if cfg.data.eod_mask_loss else None
     train, valid = (
         None if dataset is None
@@ -111,6 +107,17 @@ def build_feeds(cfg: Any, parallel: Any) -> tuple[BatchFeed | None, BatchFeed | 
     if train is not None:
         train.check_length(num_samples[0], "training")
     return train, valid
+
+
+def _no_validation_data(cfg: Any) -> str:
+    """Why this run has no validation data, and what gives it some."""
+    data = cfg.data
+    if data.train_data_paths:  # separate files: the split string is not read
+        return ("no valid_data_paths are set beside train_data_paths: this run trains without validation. "
+                "Set valid_data_paths (and valid_data_weights for several)")
+    return (f"the validation split of {data.data_path} is empty (split {data.split!r} leaves it no documents): this "
+            "run trains without validation. Use a larger corpus, a larger second weight in 'split', or "
+            "'valid_data_paths'")
 
 
 def _no_training_data(cfg: Any) -> str:

@@ -110,6 +110,17 @@ def test_a_corpus_without_a_validation_split_warns(parallel, tmp_path: Path, cap
     assert "validation split" in caplog.text and "'99,1,0'" in caplog.text and "without validation" in caplog.text
 
 
+def test_separate_training_files_without_validation_files_say_which_key_to_set(parallel, tmp_path: Path,
+                                                                              caplog) -> None:
+    """The warning named 'the validation split of None': with train_data_paths no split string is read."""
+    small = write_corpus(tmp_path / "small", documents=30)
+    cfg = tiny_config(small, train_iters=1, eval_iters=1, data_path=None, train_data_paths=[str(small)]).resolve_batch(1)
+    with caplog.at_level(logging.WARNING, logger="kerple"):
+        trainer = Trainer(cfg, parallel)
+        trainer.close()
+    assert "valid_data_paths" in caplog.text and "without validation" in caplog.text and "None" not in caplog.text
+
+
 def test_a_test_split_shorter_than_a_sample_does_not_stop_training(parallel, tmp_path: Path) -> None:
     """The trainer never reads the test split (evaluate.py does), so it does not build it: a test part
     of one document (at most 120 tokens) once refused every seq_length above it."""
