@@ -25,7 +25,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -334,6 +334,13 @@ def parser() -> argparse.ArgumentParser:
     # default here, and mmap is the one format written
     cli.add_argument("--append-eod", dest="append_eod", action="store_true", help="end each document with the EOD token (the default)")
     cli.add_argument("--dataset-impl", choices=["mmap"], help="mmap, the one format written")
+    cli.add_argument("--ftfy", action="store_true",
+                     help="with --input: repair mis-decoded Unicode with the ftfy package before tokenizing "
+                          "(pip install ftfy)")
+    cli.add_argument("--num-docs", type=int, metavar="N", help="accepted, no effect: GPT-NeoX's hint for its "
+                     "progress bar; kerple's counts the documents as it reads them")
+    cli.add_argument("--log-interval", type=int, metavar="N", help="accepted, no effect: GPT-NeoX's progress "
+                     "interval; kerple's bar updates by time (--quiet turns it off)")
     cli.add_argument("--split", default="949,50,1",
                      help="train,valid,test weights for local sources: one to three, the missing ones 0 "
                           "(949,50 holds out no test part); default 949,50,1")
@@ -375,11 +382,28 @@ def check_options(args: argparse.Namespace) -> None:
         if args.limit is not None or args.root or args.url:
             raise DataError("--limit, --root and --url apply to named datasets; with --input, list the files to use")
         return
+    if args.ftfy:
+        raise DataError(f"--ftfy applies to your files given with --input (as in GPT-NeoX); {args.dataset} is "
+                        "prepared as its source gives it: drop --ftfy")
     if not args.dataset:
         raise DataError("name a dataset (" + ", ".join(SOURCES) + ") or use --input")
     if args.output_prefix:
         raise DataError(f"--output-prefix applies only with --input; a named dataset ({args.dataset}) is written "
                         f"under -d/--data-dir (now {args.data_dir}): use -d to choose the folder")
+
+
+def _ftfy_repair() -> Callable[[str], str]:
+    """``ftfy.fix_text``, the repair GPT-NeoX's ``--ftfy`` applies to each document."""
+    try:
+        import ftfy
+    except ImportError:
+        raise DataError("--ftfy needs the ftfy package, which kerple does not install: pip install ftfy "
+                        "(or drop --ftfy)") from None
+    return ftfy.fix_text
+
+
+def _repaired(documents: Iterator[str], repair: Callable[[str], str] | None) -> Iterator[str]:
+    return documents if repair is None else (repair(document) for document in documents)
 
 
 def run(argv: list[str] | None = None) -> PrepareResult | dict[str, Any]:
@@ -392,7 +416,8 @@ def run(argv: list[str] | None = None) -> PrepareResult | dict[str, Any]:
         if len(keys) != 1:
             raise DataError(f"--jsonl-keys {args.jsonl_keys!r}: give one key per run")
         paths = [path.strip() for path in args.input.split(",") if path.strip()]
-        corpus = Corpus({"all": lambda stats: iter_input_files(paths, keys[0], stats)})
+        repair = _ftfy_repair() if args.ftfy else None
+        corpus = Corpus({"all": lambda stats: _repaired(iter_input_files(paths, keys[0], stats), repair)})
         for path in paths:
             if not Path(path).is_file():
                 what = "is a folder; --input takes files (list them, comma-separated)" if Path(path).is_dir() else "input file not found"

@@ -344,6 +344,27 @@ def test_gpt_neox_preprocess_flags_run_as_written(tmp_path: Path, capsys: pytest
     assert not (tmp_path / "lazy").exists()
 
 
+def test_gpt_neox_ftfy_num_docs_and_log_interval_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPT-NeoX's --ftfy, --num-docs and --log-interval stopped at 'unrecognized arguments'. --ftfy repairs
+    each document with ftfy.fix_text (a stand-in module here: kerple does not install ftfy)."""
+    import types
+
+    (tmp_path / "t.jsonl").write_text(json.dumps({"text": "caf\u00c3\u00a9"}) + "\n")  # café read as Latin-1
+    common = ["--input", str(tmp_path / "t.jsonl"), "-t", "CharLevelTokenizer", "--quiet", "--num-docs", "1",
+              "--log-interval", "100"]
+    monkeypatch.setitem(sys.modules, "ftfy", None)  # not installed
+    with pytest.raises(DataError, match="--ftfy needs the ftfy package, which kerple does not install: pip install ftfy"):
+        preprocess.run([*common, "--output-prefix", str(tmp_path / "a/n"), "--ftfy"])
+    monkeypatch.setitem(sys.modules, "ftfy", types.SimpleNamespace(fix_text=lambda text: text.replace("\u00c3\u00a9", "\u00e9")))
+    preprocess.run([*common, "--output-prefix", str(tmp_path / "b/n"), "--ftfy"])
+    preprocess.run([*common, "--output-prefix", str(tmp_path / "c/n")])
+    fixed, kept = (list(MMapIndexedDataset(tmp_path / f"{d}/n_text_document")[0]) for d in "bc")
+    assert fixed == [0x63, 0x61, 0x66, 0xC3, 0xA9, 0]  # UTF-8 of "café", then EOD (0)
+    assert kept == [0x63, 0x61, 0x66, 0xC3, 0x83, 0xC2, 0xA9, 0]
+    with pytest.raises(DataError, match="--ftfy applies to your files given with --input"):
+        preprocess.run(["stdlib", "-d", str(tmp_path / "d"), "--ftfy"])
+
+
 def test_smallest_trained_bpe_is_accepted(tmp_path: Path) -> None:
     (tmp_path / "t.txt").write_text("the smallest byte-level vocabulary has no merges\n")
     preprocess.run(["--input", str(tmp_path / "t.txt"), "--output-prefix", str(tmp_path / "o/x"),
