@@ -107,11 +107,14 @@ class Decoder(nn.Module):
 
     def init_weights(self, init_method: str, output_layer_init_method: str, std: float) -> None:
         """docs/reference-format.md §4: ``init_method`` for weights, ``output_layer_init_method`` for
-        the output projections (scaled by the number of layer modules), zero biases, unit norms."""
+        the output projections (scaled by the number of layer modules), zero biases, unit norms;
+        ``init_method`` also for a learned position table, as GPT-NeoX does."""
         sizes = {"std": std, "num_layers": self.num_layers, "hidden_size": self.hidden_size}
         init_weight = init_function(init_method, **sizes)
         init_output = init_function(output_layer_init_method, **sizes)
         init_weight(self.embedding.word_embeddings.weight)
+        if self.positional is not None:
+            self.positional.init_input_table(init_weight)
         for layer in self.layers:
             for linear, init in (
                 (layer.attention.query_key_value, init_weight),

@@ -6,7 +6,7 @@ embedding of GPT-NeoX (docs/reference-format.md §3; Vaswani et al. 2017 §3.5).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -41,7 +41,8 @@ def _check_positions(positions: torch.Tensor, max_positions: int, name: str) -> 
 
 
 class LearnedPositionalEmbedding(PositionalEmbedding):
-    """``learned``: a trained table ``nn.Embedding(max_positions, hidden_size)``, init N(0, 0.02).
+    """``learned``: a trained table ``nn.Embedding(max_positions, hidden_size)``, init N(0, 0.02) here
+    and, in a model, with the model's ``init_method`` (:meth:`init_input_table`), as GPT-NeoX does.
 
     The submodule is named ``position_embeddings`` so its tensor is ``position_embeddings.weight``,
     the reference's layer-0 key (docs/reference-format.md §6). It lives at the input, hence
@@ -57,6 +58,9 @@ class LearnedPositionalEmbedding(PositionalEmbedding):
         super().__init__(shape)
         self.position_embeddings = nn.Embedding(shape.max_positions, shape.hidden_size)
         nn.init.normal_(self.position_embeddings.weight, mean=0.0, std=0.02)
+
+    def init_input_table(self, init: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        init(self.position_embeddings.weight)
 
     def embed(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``hidden [b, s, h] + table[positions]``; raises ``ValueError`` beyond ``max_positions``."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -238,6 +238,10 @@ class PositionalEmbedding(nn.Module):
         ``positions`` is an int64 tensor ``[s]`` of absolute positions.
         """
         return hidden
+
+    def init_input_table(self, init: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Re-initialise a trained input table with the model's ``init_method`` ``init`` (GPT-NeoX
+        initialises its learned position table as it does the word embeddings); the default has none."""
 
     # --- query/key hook ---------------------------------------------------------------------
     def rotate(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kerple.config.errors import DEFAULT
+from kerple.training.schedule import annealing_lr
 
 
 def already_finished(checkpoint: Any, step: int | str, train_iters: int) -> str:
@@ -25,16 +26,28 @@ def format_count(count: int) -> str:
     return str(count)
 
 
+def _where_it_ends(iters: int, lr: float, style: str, decay: int, warmup: float, min_lr: float) -> str:
+    """What a run of ``iters`` steps does with a schedule over ``decay`` steps: stops inside it, or,
+    longer, keeps the rate at which GPT-NeoX's schedule stops changing, at step ``decay - warmup_iters``
+    (docs/reference-format.md §5), which is above ``min_lr`` unless ``min_lr`` floors it."""
+    if iters < decay:
+        return "stops before the decay ends"
+    warmup_iters = warmup * decay
+    rate = annealing_lr(decay, lr=lr, warmup_iters=warmup_iters, decay_iters=decay, style=style, min_lr=min_lr)
+    return f"keeps lr {rate:.3g} from step {decay - warmup_iters:g} (lr_decay_iters - warm-up) to the end"
+
+
 def decay_note(cfg: Any) -> str:
     """A second schedule line when the decay length set in a file differs from ``train_iters``: the
-    learning rate then stops before (or stays at the minimum after) the end of its decay."""
+    learning rate then stops before the end of its decay, or stays where the schedule stops changing."""
     decay, iters = cfg.lr_schedule.lr_decay_iters, cfg.training.train_iters
     if not decay or decay == iters or not iters:
         return ""
     source = cfg.provenance("lr_schedule.lr_decay_iters")[0]
     if source == DEFAULT:
         return ""
-    where = "stops before the decay ends" if iters < decay else "stays at min_lr after the decay ends"
+    schedule = cfg.lr_schedule
+    where = _where_it_ends(iters, cfg.optimizer.lr, schedule.lr_decay_style, decay, schedule.warmup, schedule.min_lr)
     return (f"\n             lr_decay_iters={decay} ({source}) differs from train_iters={iters}: the run {where}; "
             f"set lr_decay_iters={iters} (or remove the key) to decay over this run")
 
@@ -59,7 +72,7 @@ def schedule_line(cfg: Any, scheduler: Any | None = None, start_iteration: int =
     line += (f"\n             the checkpoint's schedule (use_checkpoint_lr_scheduler), not the config's "
              f"lr {configured[0]:g} {configured[1]} over {configured[2]}")
     if decay != iters:
-        where = "stops before the decay ends" if iters < decay else "stays at min_lr after the decay ends"
+        where = _where_it_ends(iters, lr, style, decay, warmup, min_lr)
         line += (f"\n             its decay over {decay} differs from train_iters={iters}: the run {where}; "
                  f"set override_lr_scheduler: true to follow the config's")
     return line

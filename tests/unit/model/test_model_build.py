@@ -81,6 +81,35 @@ def test_named_init_methods(method: str, expected: float) -> None:
     assert model.layers[0].mlp.dense_4h_to_h.weight.std().item() == pytest.approx(expected, rel=0.05)
 
 
+@pytest.mark.parametrize(
+    "keys,weight_std,output_std",
+    [
+        ({"init_method_std": 0.05}, 0.05, 0.05 / math.sqrt(2 * 4)),
+        ({"init_method": "small_init", "output_layer_init_method": "wang_init"}, math.sqrt(2 / (5 * 128)),
+         2 / 4 / math.sqrt(128)),
+    ],
+)
+def test_config_init_keys_set_every_weight_std(keys: dict, weight_std: float, output_std: float) -> None:
+    """A YAML's init keys reach every weight, the learned position table included, with GPT-NeoX's
+    formulas (docs/reference-format.md §4): scaled_normal N(0, std/sqrt(2L)), small_init
+    N(0, sqrt(2/(5h))), wang_init N(0, 2/(L sqrt(h))); GPT-NeoX gives its position table init_method."""
+    torch.manual_seed(0)
+    shape = {"num_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 64,
+             "max_position_embeddings": 512, "vocab_size": 512, "make_vocab_size_divisible_by": 8}
+    state = build_model(load_config([], {**TINY, **shape, "pos_emb": "learned", "no_weight_tying": True, **keys})).state_dict()
+    for key, expected in [
+        ("embedding.word_embeddings.weight", weight_std),
+        ("positional.position_embeddings.weight", weight_std),
+        ("layers.1.attention.query_key_value.weight", weight_std),
+        ("layers.2.mlp.dense_h_to_4h.weight", weight_std),
+        ("lm_head.weight", weight_std),
+        ("layers.0.attention.dense.weight", output_std),
+        ("layers.3.mlp.dense_4h_to_h.weight", output_std),
+    ]:
+        assert state[key].std().item() == pytest.approx(expected, rel=0.03), key
+        assert abs(state[key].mean().item()) < 0.05 * expected, key
+
+
 def test_unknown_init_method_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown init method 'bogus'"):
         tiny_model("none", init_method="bogus")

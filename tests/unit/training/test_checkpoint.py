@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import json
+import math
 import os
 import signal
 from pathlib import Path
@@ -77,6 +79,45 @@ def test_exact_resume_matches_uninterrupted(parallel, corpus: Path, tmp_path: Pa
     resumed = first.losses + second.losses
     assert [s for s, _ in resumed] == list(range(1, 9))
     assert [loss for _, loss in resumed] == [loss for _, loss in straight.losses]
+
+
+def _fork_annealing_lr(step: int, lr: float, warmup: float, decay: int, min_lr: float) -> float:
+    """The KERPLE fork's ``AnnealingLR.get_lr`` (cosine), restated from docs/reference-format.md §5."""
+    warmup_iters = warmup * decay
+    clamped = min(step, decay - warmup_iters)
+    if step <= warmup_iters:
+        return lr * clamped / warmup_iters
+    return max(lr / 2 * (math.cos(math.pi * (clamped - warmup_iters) / decay) + 1), min_lr)
+
+
+def _train_records(log_dir: Path) -> dict[int, dict[str, float]]:
+    lines = (json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines())
+    return {record["step"]: record for record in lines if "train/lm_loss" in record}
+
+
+def test_resume_mid_warmup_with_accumulation_follows_the_reference_schedule(parallel, corpus: Path,
+                                                                            tmp_path: Path) -> None:
+    """3 micro-batches per step, a resume inside the warm-up, a run past lr_decay_iters: the logged
+    rate of step n is the fork's schedule after n - 1 steps (the rate step n trained with), the
+    samples consumed are n x 2 x 3, and the resumed run's losses are the uninterrupted run's."""
+    common = dict(gradient_accumulation_steps=3, train_micro_batch_size_per_gpu=2, lr=3e-3, min_lr=1e-4,
+                  warmup=0.25, lr_decay_iters=12, lr_decay_style="cosine", log_interval=1, hidden_dropout=0.1)
+    straight = train(tiny_config(corpus, train_iters=14, log_dir=str(tmp_path / "a"), **common), parallel)
+    save, resumed_logs = tmp_path / "ck", tmp_path / "b"
+    first = train(tiny_config(corpus, train_iters=2, save=str(save), log_dir=str(resumed_logs), **common), parallel)
+    second = train(tiny_config(corpus, train_iters=14, save=str(save), load=str(save), log_dir=str(resumed_logs),
+                               **common), parallel)
+    assert first.losses + second.losses == straight.losses
+    logged, again = _train_records(tmp_path / "a"), _train_records(resumed_logs)
+    assert sorted(logged) == sorted(again) == list(range(1, 15))
+    for step, record in logged.items():
+        expected = _fork_annealing_lr(step - 1, 3e-3, 0.25, 12, 1e-4)
+        assert record["train/learning_rate"] == pytest.approx(expected, rel=1e-12, abs=1e-15), step
+        assert again[step]["train/learning_rate"] == record["train/learning_rate"], step
+        assert record["train/consumed_samples"] == again[step]["train/consumed_samples"] == step * 6
+    # warm-up 0.25 x 12 = 3 steps; the rate stops changing after 12 - 3 = 9 steps, at lr/2 (cos(pi 6/12) + 1)
+    assert [logged[step]["train/learning_rate"] for step in (1, 2, 4)] == pytest.approx([0.0, 1e-3, 3e-3])
+    assert logged[14]["train/learning_rate"] == pytest.approx(1.5e-3)
 
 
 def test_architecture_mismatch_names_fields(parallel, corpus: Path, saved_run: Path) -> None:
