@@ -46,6 +46,7 @@ from kerple.evaluation.runner import (
     format_table,
     load_split_documents,
     model_loss_fn,
+    split_prefix,
     window_tokens,
 )
 from kerple.progress import progress_bar
@@ -242,9 +243,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     document_of = np.repeat(np.arange(len(documents)), [len(d) for d in documents]) if args.per_document else None
     names = document_names(cfg, args.split, len(documents)) if args.per_document else None
     args.num_tokens = scored_token_budget(args, lengths, len(stream))  # as recorded in the results
-    plans = protocols.build_plans(
-        args.protocol, len(stream), lengths, stride=args.stride, num_tokens=args.num_tokens, num_windows=args.num_windows
-    )
+    try:
+        plans = protocols.build_plans(args.protocol, len(stream), lengths, stride=args.stride,
+                                      num_tokens=args.num_tokens, num_windows=args.num_windows)
+    except protocols.ProtocolError as error:
+        raise protocols.ProtocolError(f"the {args.split} split of {split_prefix(cfg, args.split)}: {error}") from None
     batch_sizes, impls = fit_batches(model, cfg, plans, device, args.tokens_per_batch)
 
     loss_fn = model_loss_fn(model) if args.cache_window is None else cache_window_loss_fn(model, args.cache_window)

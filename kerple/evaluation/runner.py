@@ -77,13 +77,12 @@ def load_split_documents(cfg: Any, split: str) -> list[np.ndarray]:
         raise EvaluationError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     data = cfg.data
     separate = getattr(data, f"{split}_data_paths", None)
+    prefix = split_prefix(cfg, split)
     if separate:
-        prefix = separate[0] if isinstance(separate, (list, tuple)) else separate
         require_dataset_files(cfg, f"{split}_data_paths", prefix)
         indexed = MMapIndexedDataset(prefix)
         first, last = 0, len(indexed)
     else:
-        prefix = data.data_path[0] if isinstance(data.data_path, (list, tuple)) else data.data_path
         if not prefix:
             raise EvaluationError(f"the config sets no data_path (nor {split}_data_paths) to evaluate on: add "
                                   f"{split}_data_paths=[PREFIX] or data_path=PREFIX, or name the run's YAML configs "
@@ -104,6 +103,12 @@ def load_split_documents(cfg: Any, split: str) -> list[np.ndarray]:
             "use the tokenizer and vocab_size the model was trained with"
         )
     return documents
+
+
+def split_prefix(cfg: Any, split: str) -> str | None:
+    """The indexed dataset ``split`` is read from: ``<split>_data_paths`` when set, else ``data_path``."""
+    path = getattr(cfg.data, f"{split}_data_paths", None) or cfg.data.data_path
+    return path[0] if isinstance(path, (list, tuple)) else path
 
 
 def document_names(cfg: Any, split: str, count: int) -> list[str] | None:

@@ -122,6 +122,10 @@ def test_refusals_exit_2_with_a_reason(
     learned = [*base, "pos_emb=learned", "--eval-lengths", "32,128", *common]
     assert cli.main([a for a in learned if a != "pos_emb=kerple_log"]) == 2
     assert "max_position_embeddings" in capsys.readouterr().err
+    assert cli.main([*base, "--eval-lengths", "128,1000000", *common]) == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith(f"evaluate.py: error: the valid split of {checkpoints.parent / 'corpus'}: --eval-lengths "
+                              "1000000 needs at least 1000001 tokens") and message.endswith("or a larger split")
     monkeypatch.setattr(cli, "available_bytes", lambda device: 1_000_000)
     assert cli.main([*base, "--eval-lengths", "128", *common]) == 2
     assert "does not fit in memory" in capsys.readouterr().err
