@@ -5,7 +5,8 @@
 Runs are grouped by dataset, train length and protocol, then by embedding (a run evaluated with
 --attention-window W is its own column, "<pos_emb>-windowed@W"). Each candidate is compared with the
 reference by a paired two-sided t-test over seeds at every length (α = 0.05); † marks a candidate
-the reference beats significantly. Writes comparison.<md|tex|csv> and ppl_vs_length_<group>.png
+the reference beats significantly. Runs of one table must have scored the same tokens (split, token
+budget, sliding stride). Writes comparison.<md|tex|csv> and ppl_vs_length_<group>.png
 next to the results (or into --output-dir) and prints the table.
 """
 

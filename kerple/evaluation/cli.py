@@ -46,6 +46,9 @@ from kerple.evaluation.runner import (
     format_table,
     load_split_documents,
     model_loss_fn,
+    scored_token_count,
+    split_prefix,
+    unscored_token,
     window_tokens,
 )
 from kerple.progress import progress_bar
@@ -90,16 +93,17 @@ def seconds_per_cost(
 
 def format_plan(
     args: argparse.Namespace, plans: list[protocols.WindowPlan], batches: list[int], impls: list[str],
-    costs: list[float], rate: float, stream_len: int,
+    costs: list[float], rate: float, stream: np.ndarray, unscored_after: int | None,
 ) -> str:
     """The lengths to score, their windows, batch and attention kernel, and the estimated time."""
     total = sum(p.num_windows * c for p, c in zip(plans, costs)) * rate
     duration = f"{total / 60:.1f} min" if total >= 60 else f"{total:.0f} s"
-    lines = [f"plan: {args.protocol} on the {args.split} split ({stream_len} tokens), "
+    lines = [f"plan: {args.protocol} on the {args.split} split ({len(stream)} tokens), "
              f"about {duration} in all (timed on one batch)",
              f"{'length':>8} {'windows':>8} {'scored':>10} {'batch':>6} {'kernel':>6} {'est.':>8}"]
     for plan, batch, impl, cost in zip(plans, batches, impls, costs):
-        lines.append(f"{plan.length:>8} {plan.num_windows:>8} {plan.scored_tokens:>10} {batch:>6} {impl:>6} "
+        lines.append(f"{plan.length:>8} {plan.num_windows:>8} {scored_token_count(plan, stream, unscored_after):>10} "
+                     f"{batch:>6} {impl:>6} "
                      f"{plan.num_windows * cost * rate:>7.0f}s")
     return "\n".join(lines)
 
@@ -198,6 +202,7 @@ def results_document(
                 for length in impl_per_length
             },
             "attention_window": cfg.attention.attention_window,
+            "eod_mask_loss": cfg.data.eod_mask_loss,
             "stream_tokens": stream_tokens,
         },
         "environment": {
@@ -242,16 +247,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     document_of = np.repeat(np.arange(len(documents)), [len(d) for d in documents]) if args.per_document else None
     names = document_names(cfg, args.split, len(documents)) if args.per_document else None
     args.num_tokens = scored_token_budget(args, lengths, len(stream))  # as recorded in the results
-    plans = protocols.build_plans(
-        args.protocol, len(stream), lengths, stride=args.stride, num_tokens=args.num_tokens, num_windows=args.num_windows
-    )
+    try:
+        plans = protocols.build_plans(args.protocol, len(stream), lengths, stride=args.stride,
+                                      num_tokens=args.num_tokens, num_windows=args.num_windows)
+    except protocols.ProtocolError as error:
+        raise protocols.ProtocolError(f"the {args.split} split of {split_prefix(cfg, args.split)}: {error}") from None
     batch_sizes, impls = fit_batches(model, cfg, plans, device, args.tokens_per_batch)
+    unscored_after = unscored_token(cfg)
 
     loss_fn = model_loss_fn(model) if args.cache_window is None else cache_window_loss_fn(model, args.cache_window)
     costs = [window_cost(model, cfg, plan.input_length) for plan in plans]
     with _autocast(cfg, device):
         rate = seconds_per_cost(loss_fn, stream, plans[0], batch_sizes[0], costs[0], device)
-        print(format_plan(args, plans, batch_sizes, impls, costs, rate, len(stream)), file=sys.stderr)
+        print(format_plan(args, plans, batch_sizes, impls, costs, rate, stream, unscored_after), file=sys.stderr)
         results: list[LengthResult] = []
         overall = progress_bar(total=sum(p.num_windows * c for p, c in zip(plans, costs)) * rate, desc="evaluation",
                        unit="s", disable=args.no_progress, bar_format="{l_bar}{bar}| {elapsed}<{remaining}")
@@ -259,7 +267,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             model.set_temperature(temperature_for(args.softmax_temperature, plan.length, cfg.model.seq_length))
             result = evaluate_plan(
                 loss_fn, stream, plan, batch_size=batch, per_position=args.per_position, device=device,
-                progress=not args.no_progress, document_of=document_of,
+                progress=not args.no_progress, document_of=document_of, unscored_after=unscored_after,
                 on_windows=lambda k, c=cost: overall.update(min(k * c * rate, overall.total - overall.n)),  # no float overshoot
             )
             if result.per_document is not None and names is not None:

@@ -62,8 +62,8 @@ def _check_lengths(lengths: list[int], stream_len: int, minimum: int) -> None:
             raise ProtocolError(f"evaluation length {length} is below the minimum {minimum}")
     if stream_len < max(lengths) + 1:
         raise ProtocolError(
-            f"the token stream has {stream_len} tokens; evaluating length {max(lengths)} needs at "
-            f"least {max(lengths) + 1} (a window plus its shifted label)"
+            f"--eval-lengths {max(lengths)} needs at least {max(lengths) + 1} tokens (a window plus its shifted "
+            f"label), the split has {stream_len}: evaluate shorter lengths or a larger split"
         )
 
 
@@ -87,8 +87,9 @@ def nonoverlap(
         for length in lengths:
             if num_windows * length + 1 > stream_len:
                 raise ProtocolError(
-                    f"{num_windows} windows of {length} tokens need {num_windows * length + 1} "
-                    f"tokens; the stream has {stream_len}"
+                    f"--num-windows {num_windows}: {num_windows} windows of {length} tokens need "
+                    f"{num_windows * length + 1} tokens, the split has {stream_len}; pass at most "
+                    f"--num-windows {(stream_len - 1) // length}"
                 )
             starts = np.arange(num_windows, dtype=np.int64) * length
             plans.append(WindowPlan("nonoverlap", length, length, starts, np.zeros(num_windows, np.int64)))
@@ -107,9 +108,11 @@ def _common_token_budget(stream_len: int, lengths: list[int], num_tokens: int | 
     capacity = stream_len - 1  # the last token is only ever a label
     budget = capacity if num_tokens is None else min(num_tokens, capacity)
     if num_tokens is not None and num_tokens > capacity:
-        raise ProtocolError(f"asked to score {num_tokens} tokens; the stream has only {capacity} labels")
+        raise ProtocolError(f"--num-tokens {num_tokens}: the split has only {capacity} labels to score; pass "
+                            f"--num-tokens all or a smaller number")
     if budget < longest:
-        raise ProtocolError(f"{budget} tokens are fewer than one window of the longest length {longest}")
+        raise ProtocolError(f"--num-tokens {budget} is fewer than one window of the longest length {longest}; pass "
+                            f"--num-tokens {longest} or more")
     unit = unit or longest
     if budget < unit:
         tokens = f" or --num-tokens {unit}" if unit <= capacity else ""
@@ -149,8 +152,9 @@ def sliding(
             count = num_windows
             if count < 1 or length + (count - 1) * stride + 1 > stream_len:
                 raise ProtocolError(
-                    f"{count} sliding windows of {length} with stride {stride} need "
-                    f"{length + (count - 1) * stride + 1} tokens; the stream has {stream_len}"
+                    f"--num-windows {count}: {count} sliding windows of {length} with stride {stride} need "
+                    f"{length + (count - 1) * stride + 1} tokens, the split has {stream_len}; pass at most "
+                    f"--num-windows {max(1, (stream_len - 1 - length) // stride + 1)}"
                 )
         else:
             if (total - length) % stride:
@@ -182,7 +186,8 @@ def last_token(
     count = available if num_windows is None else num_windows
     if count < 1 or count > available:
         raise ProtocolError(
-            f"last_token needs {count} disjoint segments of {longest} tokens; the stream holds {available}"
+            f"--num-windows {count}: last_token needs {count} disjoint segments of {longest} tokens; the "
+            f"split holds {available}; pass --num-windows from 1 to {available}"
         )
     targets = (np.arange(count, dtype=np.int64) + 1) * longest - 1
     plans = []

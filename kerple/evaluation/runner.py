@@ -3,7 +3,9 @@
 The split's documents are concatenated in their stored order into one token stream (the
 reference instead draws its windows from a shuffled ``GPT2Dataset`` at each length; a fixed stream
 lets every length score the *same* tokens, which the paired comparison of §5.2 wants).
-Losses are summed in float64; ``ppl = exp(mean loss over scored tokens)``.
+Losses are summed in float64; ``ppl = exp(mean loss over scored tokens)``. A run trained with
+``eod_mask_loss`` is scored as the reference's evaluation scores it: the token after an end-of-document
+token is not scored (the same stream positions at every length).
 """
 
 from __future__ import annotations
@@ -77,13 +79,12 @@ def load_split_documents(cfg: Any, split: str) -> list[np.ndarray]:
         raise EvaluationError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     data = cfg.data
     separate = getattr(data, f"{split}_data_paths", None)
+    prefix = split_prefix(cfg, split)
     if separate:
-        prefix = separate[0] if isinstance(separate, (list, tuple)) else separate
         require_dataset_files(cfg, f"{split}_data_paths", prefix)
         indexed = MMapIndexedDataset(prefix)
         first, last = 0, len(indexed)
     else:
-        prefix = data.data_path[0] if isinstance(data.data_path, (list, tuple)) else data.data_path
         if not prefix:
             raise EvaluationError(f"the config sets no data_path (nor {split}_data_paths) to evaluate on: add "
                                   f"{split}_data_paths=[PREFIX] or data_path=PREFIX, or name the run's YAML configs "
@@ -104,6 +105,12 @@ def load_split_documents(cfg: Any, split: str) -> list[np.ndarray]:
             "use the tokenizer and vocab_size the model was trained with"
         )
     return documents
+
+
+def split_prefix(cfg: Any, split: str) -> str | None:
+    """The indexed dataset ``split`` is read from: ``<split>_data_paths`` when set, else ``data_path``."""
+    path = getattr(cfg.data, f"{split}_data_paths", None) or cfg.data.data_path
+    return path[0] if isinstance(path, (list, tuple)) else path
 
 
 def document_names(cfg: Any, split: str, count: int) -> list[str] | None:
@@ -256,9 +263,15 @@ class _Sums:
         self.document_sum = torch.zeros(num_documents, dtype=torch.float64)
         self.document_count = torch.zeros(num_documents, dtype=torch.float64)
 
-    def add(self, losses: torch.Tensor, score_from: torch.Tensor, starts: torch.Tensor, first: int) -> None:
-        """Add ``losses [b, n - first]`` of windows starting at ``starts [b]``, scored from ``score_from [b]``."""
+    def add(
+        self, losses: torch.Tensor, score_from: torch.Tensor, starts: torch.Tensor, first: int,
+        keep: torch.Tensor | None = None,
+    ) -> None:
+        """Add ``losses [b, n - first]`` of windows starting at ``starts [b]``, scored from ``score_from [b]``
+        where ``keep [b, n - first]`` (when given) is true."""
         scored = self.positions[None, first:] >= score_from[:, None]  # [b, n - first]
+        if keep is not None:
+            scored = scored & keep
         masked = torch.where(scored, losses, torch.zeros_like(losses))
         self.total += masked.sum()
         self.position_sum[first:] += masked.sum(0)
@@ -292,8 +305,10 @@ def evaluate_plan(
     progress: bool = True,
     document_of: np.ndarray | None = None,
     on_windows: Callable[[int], None] | None = None,
+    unscored_after: int | None = None,
 ) -> LengthResult:
-    """Score every window of ``plan``; the mean loss is over exactly the plan's scored tokens.
+    """Score every window of ``plan``; the mean loss is over exactly the plan's scored tokens, less
+    those whose input token is ``unscored_after`` (the EOD of a run with ``eod_mask_loss``).
 
     With ``per_position`` also the mean loss at each input position ``0 .. input_length - 1``
     (KERPLE §5.5), ``None`` where the protocol scores no token at that position. With
@@ -315,7 +330,8 @@ def evaluate_plan(
         tokens, labels = window_tokens(stream, plan, index)
         first = int(plan.score_from[index].min())
         losses = loss_fn(tokens.to(device), labels.to(device), first).double().cpu()  # [b, n - first]
-        sums.add(losses, torch.from_numpy(plan.score_from[index]), torch.from_numpy(plan.starts[index]), first)
+        keep = None if unscored_after is None else tokens[:, first:] != unscored_after
+        sums.add(losses, torch.from_numpy(plan.score_from[index]), torch.from_numpy(plan.starts[index]), first, keep)
         if on_windows is not None:
             on_windows(len(index))
         bar.update(len(index))
@@ -334,6 +350,26 @@ def evaluate_plan(
         per_position_loss=sums.per_position() if per_position else None,
         per_document=None if sums.documents is None else per_document_table(sums.document_sum, sums.document_count),
     )
+
+
+def unscored_token(cfg: Any) -> int | None:
+    """The end-of-document id when the run sets ``eod_mask_loss`` (its label is left unscored, as in
+    training), else ``None``."""
+    if not cfg.data.eod_mask_loss:
+        return None
+    from kerple.data.tokenizers import build_tokenizer
+
+    data = cfg.data
+    return int(build_tokenizer(data.tokenizer_type, data.vocab_file, data.merge_file, data.tokenizer_file).eod)
+
+
+def scored_token_count(plan: WindowPlan, stream: np.ndarray, unscored_after: int | None) -> int:
+    """The tokens ``plan`` scores on ``stream``: its scored positions less those after ``unscored_after``."""
+    if unscored_after is None:
+        return plan.scored_tokens
+    after = np.concatenate([[0], np.cumsum(np.asarray(stream) == unscored_after)])  # after[i]: matches in stream[:i]
+    inputs_from, inputs_to = plan.starts + plan.score_from, plan.starts + plan.input_length
+    return plan.scored_tokens - int((after[inputs_to] - after[inputs_from]).sum())
 
 
 def per_document_table(loss_sum: torch.Tensor, token_count: torch.Tensor) -> list[dict[str, Any]]:

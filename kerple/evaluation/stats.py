@@ -25,6 +25,10 @@ from kerple.evaluation.errors import EvaluationError
 ALPHA = 0.05
 DAGGER = "†"
 UNTESTED = "no t-test (fewer than two seeds shared with the reference at some length)"
+# The results' protocol settings that choose which tokens a length scores (and their value in a
+# results file written before the key existed): runs of one table must agree on them, or a paired
+# test would compare perplexities of different text.
+SCORING_KEYS = {"split": "valid", "stride": None, "num_tokens": None, "num_windows": None, "eod_mask_loss": False}
 
 # The paper's column order and names (Table 3); other embeddings follow alphabetically.
 DISPLAY_NAMES = {
@@ -54,6 +58,7 @@ class RunResult:
     train_length: int | None
     protocol: str
     ppl: dict[int, float] = field(default_factory=dict)
+    scoring: tuple[tuple[str, object], ...] = ()  # the settings that choose the scored tokens (SCORING_KEYS)
 
 
 def load_run(path: str | Path) -> RunResult:
@@ -82,6 +87,8 @@ def load_run(path: str | Path) -> RunResult:
         train_length=run.get("train_seq_length"),
         protocol=str(protocol["name"]),
         ppl=ppl,
+        scoring=tuple((key, protocol.get(key, default)) for key, default in SCORING_KEYS.items()
+                      if key != "stride" or protocol["name"] == "sliding"),  # only sliding reads its stride
     )
 
 
@@ -165,14 +172,30 @@ def _seed_values(runs: Sequence[RunResult], length: int) -> dict[int | None, flo
     return values
 
 
+def _check_same_tokens(runs: Sequence[RunResult]) -> None:
+    """Refuse runs of one table that scored different tokens (another split, budget or stride)."""
+    first = runs[0]
+    for run in runs[1:]:
+        if run.scoring != first.scoring:
+            differ = ", ".join(f"{key} {dict(first.scoring)[key]} vs {value}"
+                               for key, value in run.scoring if dict(first.scoring)[key] != value)
+            raise EvaluationError(
+                f"{first.path} and {run.path} scored different tokens ({differ}): their perplexities are not "
+                f"paired; evaluate every run with the same --split, --num-tokens or --num-windows and --stride, "
+                "or compare them in separate calls")
+
+
 def build_tables(runs: Sequence[RunResult], reference: str, alpha: float = ALPHA) -> list[Table]:
     """Group runs by (dataset, train length, protocol), then by variant, and fill Table-3 cells.
 
-    Pairs for the t-test are the seeds present in both the reference and the candidate at a length.
+    Pairs for the t-test are the seeds present in both the reference and the candidate at a length;
+    every run of a table must have scored the same tokens (:data:`SCORING_KEYS`).
     """
     groups: dict[tuple[str, int | None, str], dict[str, list[RunResult]]] = {}
     for run in runs:
         groups.setdefault((run.dataset, run.train_length, run.protocol), {}).setdefault(run.variant, []).append(run)
+    for by_variant in groups.values():
+        _check_same_tokens([run for variant_runs in by_variant.values() for run in variant_runs])
     tables = []
     for (dataset, train_length, protocol), by_variant in sorted(groups.items(), key=lambda kv: str(kv[0])):
         variants = sorted(by_variant, key=lambda v: (v != reference, _variant_order(v)))

@@ -122,6 +122,10 @@ def test_refusals_exit_2_with_a_reason(
     learned = [*base, "pos_emb=learned", "--eval-lengths", "32,128", *common]
     assert cli.main([a for a in learned if a != "pos_emb=kerple_log"]) == 2
     assert "max_position_embeddings" in capsys.readouterr().err
+    assert cli.main([*base, "--eval-lengths", "128,1000000", *common]) == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith(f"evaluate.py: error: the valid split of {checkpoints.parent / 'corpus'}: --eval-lengths "
+                              "1000000 needs at least 1000001 tokens") and message.endswith("or a larger split")
     monkeypatch.setattr(cli, "available_bytes", lambda device: 1_000_000)
     assert cli.main([*base, "--eval-lengths", "128", *common]) == 2
     assert "does not fit in memory" in capsys.readouterr().err
@@ -259,3 +263,47 @@ def test_per_document_names_the_files(trained: tuple[Path, list[str]], tmp_path:
     assert [row["name"] for row in rows] == [names[row["document"]] for row in rows]
     printed = capsys.readouterr().err
     assert f"    {rows[0]['name']}" in printed and "document " not in printed.split("with most scored tokens:")[1]
+
+
+def test_perplexity_equals_a_plain_forward_by_hand(trained: tuple[Path, list[str]], tmp_path: Path) -> None:
+    """The loss at length 64 against log-softmax of the loaded model's logits over the validation
+    documents (400 documents split 90/10: the last 40), windows [64k, 64k + 64) with labels shifted by
+    one; and with ``eod_mask_loss`` (a BPE whose end-of-document id is 0) the labels after a 0 left out."""
+    import numpy as np
+    import torch
+
+    from kerple.config import load_config
+    from kerple.data.indexed_dataset import MMapIndexedDataset
+    from kerple.data.tokenizers import train_bpe_tokenizer
+    from kerple.runs import load_run
+
+    checkpoints, arguments = trained
+    overrides = dict(argument.split("=", 1) for argument in arguments[1:])
+    indexed = MMapIndexedDataset(overrides["data_path"])
+    stream = np.concatenate([np.asarray(indexed[i], dtype=np.int64) for i in range(360, 400)])
+    labels = (len(stream) - 1) // 128 * 128  # the budget shared by 32, 64 and 128: all labels, whole windows of 128
+    cfg = load_config([REPO / arguments[0]], {"pos_emb": "kerple_log", "num_layers": 2, "hidden_size": 32,
+                                              "num_attention_heads": 4, "vocab_size": 64, "make_vocab_size_divisible_by": 8})
+    model = load_run(cfg, str(checkpoints), quiet=True).model
+    losses, inputs = [], []
+    with torch.no_grad():
+        for start in range(0, labels, 64):
+            window = torch.from_numpy(stream[start : start + 64])[None]
+            log_probs = torch.log_softmax(model(window)[0].double(), dim=-1)
+            losses.append(-log_probs[torch.arange(64), torch.from_numpy(stream[start + 1 : start + 65])])
+            inputs.append(window[0])
+    losses, inputs = torch.cat(losses), torch.cat(inputs)
+
+    plain = evaluate(trained, tmp_path / "plain.json", "--eval-lengths", LENGTHS)["results"][1]
+    assert plain["scored_tokens"] == labels
+    assert plain["loss"] == pytest.approx(losses.mean().item(), rel=1e-6)
+    assert plain["ppl"] == pytest.approx(math.exp(losses.mean().item()), rel=1e-6)
+
+    tokenizer = train_bpe_tokenizer(["abc abd"] * 5, 260, tmp_path / "tokenizer.json")
+    assert tokenizer.eod == 0 and (inputs == 0).sum() > 0
+    masked = evaluate(trained, tmp_path / "masked.json", "eod_mask_loss=true", "tokenizer_type=HFTokenizer",
+                      f"vocab_file={tokenizer.tokenizer_file}", "--eval-lengths", LENGTHS)
+    assert masked["protocol"]["eod_mask_loss"] is True
+    kept = inputs != 0
+    assert [row["scored_tokens"] for row in masked["results"]] == [int(kept.sum())] * 3
+    assert masked["results"][1]["loss"] == pytest.approx(losses[kept].mean().item(), rel=1e-6)

@@ -96,3 +96,31 @@ def test_cells_without_two_shared_seeds_say_no_test_was_made(tmp_path: Path) -> 
 def test_a_folder_given_as_results_says_so(tmp_path: Path) -> None:
     with pytest.raises(EvaluationError, match=f"{tmp_path} is a folder; name the results JSON files in it"):
         compare([tmp_path])
+
+
+def test_runs_that_scored_different_tokens_are_not_paired(tmp_path: Path) -> None:
+    """A paired t-test over seeds (§5.2) compares perplexities of the same text: a run scored on the
+    test split, on another token budget or with another sliding stride is refused, not averaged in."""
+    def run(folder: str, seed: int, ppl: float, **protocol: object) -> Path:
+        (tmp_path / folder).mkdir(exist_ok=True)
+        path = write_result(tmp_path / folder, "alibi" if folder.startswith("c") else "kerple_log", seed, "github",
+                            {512: ppl})
+        doc = json.loads(path.read_text())
+        doc["protocol"].update(protocol)
+        return write_json_atomic(doc, path)
+
+    reference = [run("r", seed, 3.0 + seed / 10, split="valid", num_tokens=32768) for seed in range(3)]
+    other_split = [run("c1", seed, 3.5 + seed / 10, split="test", num_tokens=32768) for seed in range(3)]
+    with pytest.raises(EvaluationError, match=r"r/github-kerple_log-0.json and \S+c1/github-alibi-0.json scored "
+                                              r"different tokens \(split valid vs test\): their perplexities are not "
+                                              r"paired; evaluate every run with the same --split"):
+        compare([*reference, *other_split], reference="kerple_log")
+    # no split key (a file from before it was recorded): valid
+    other_budget = [run("c2", seed, 3.5 + seed / 10, num_tokens=16384) for seed in range(3)]
+    with pytest.raises(EvaluationError, match=r"\(num_tokens 32768 vs 16384\)"):
+        compare([*reference, *other_budget], reference="kerple_log")
+    # the same tokens: paired and marked (differences 0.5, 0.55, 0.52: t = 35.9 > 4.303, df 2); a stride,
+    # which nonoverlap does not read, is no difference
+    same = [run("c3", seed, ppl, split="valid", num_tokens=32768, stride=256) for seed, ppl in enumerate([3.5, 3.65, 3.72])]
+    text, _ = compare([*reference, *same], reference="kerple_log")
+    assert "| 512 | 3.10 ± 0.10 | 3.62 ± 0.11† |" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -80,3 +81,40 @@ def test_every_plot_writes_a_png(tmp_path: Path) -> None:
     for path in written:
         assert_png(path)
     assert not list(tmp_path.glob(".*"))  # no temporary files left behind
+
+
+def visible_y_labels(monkeypatch: pytest.MonkeyPatch, draw: Callable[[], object]) -> list[tuple[float, str]]:
+    """(value, text) of every labelled y tick inside the view of the figure ``draw`` builds."""
+    from kerple.evaluation import plots
+
+    drawn = []
+
+    def keep(fig: object, path: Path) -> Path:
+        fig.canvas.draw()
+        axes = fig.axes[0]
+        low, high = axes.get_ylim()
+        ticks = axes.yaxis.get_major_ticks() + axes.yaxis.get_minor_ticks()
+        drawn.extend((t.get_loc(), t.label1.get_text()) for t in ticks if low <= t.get_loc() <= high and t.label1.get_text())
+        return Path(path)
+
+    monkeypatch.setattr(plots, "save_figure", keep)
+    draw()
+    return drawn
+
+
+@pytest.mark.parametrize("means", [
+    [3.40, 3.05, 2.86, 2.74, 2.71, 2.75],  # KERPLE (log) on GitHub, Table 3: within one decade, no 2x or 5x tick
+    [6.07, 5.61, 5.22, 5.20, 5.01, 5.00],  # ArXiv
+])
+def test_a_perplexity_axis_within_a_decade_is_labelled(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, means) -> None:
+    lengths = [512, 1024, 2048, 4096, 8192, 16384]
+    labels = visible_y_labels(monkeypatch, lambda: plot_ppl_vs_length({"log": (lengths, means, None)}, tmp_path / "p.png"))
+    assert len(labels) >= 2  # two numbers at least, or the scale cannot be read
+    for value, text in labels:
+        assert float(text) == pytest.approx(value)
+
+
+def test_a_perplexity_axis_over_decades_labels_one_two_and_five(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    curves = {"a": [math.log(v) for v in np.geomspace(1.2, 40, 256)]}
+    labels = visible_y_labels(monkeypatch, lambda: plot_position_wise(curves, tmp_path / "p.png"))
+    assert sorted(float(text) for _, text in labels) == [2, 5, 10, 20]

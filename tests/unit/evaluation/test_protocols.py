@@ -111,3 +111,27 @@ def test_build_plans_validates_its_arguments() -> None:
         build_plans("nonoverlap", 100, [8], num_tokens=16, num_windows=2)
     plans = build_plans("last_token", 100, [4, 8])
     assert isinstance(plans[0].starts, np.ndarray) and plans[0].starts.dtype == np.int64
+
+
+@pytest.mark.parametrize("call, flag, fix", [
+    # 100 tokens hold 99 labels; 12 windows of 8 read 97 tokens, 13 would read 105
+    (lambda: nonoverlap(100, [4, 8], num_windows=13), "--num-windows 13", "--num-windows 12"),
+    # sliding, length 8, stride 4: k windows read 8 + 4(k - 1) + 1 tokens, at most 100 -> k = 23
+    (lambda: sliding(100, [8], stride=4, num_windows=30), "--num-windows 30", "--num-windows 23"),
+    (lambda: last_token(26, [8], num_windows=4), "--num-windows 4", "--num-windows from 1 to 3"),
+    (lambda: nonoverlap(100, [8], num_tokens=500), "--num-tokens 500", "--num-tokens all"),
+    (lambda: nonoverlap(100, [4, 8], num_tokens=6), "--num-tokens 6", "--num-tokens 8 or more"),
+    (lambda: nonoverlap(8, [4, 8]), "--eval-lengths 8", "shorter lengths or a larger split"),
+])
+def test_a_refusal_names_its_flag_and_a_value_that_works(call, flag: str, fix: str) -> None:
+    with pytest.raises(ProtocolError) as refused:
+        call()
+    message = str(refused.value)
+    assert flag in message and fix in message and "\n" not in message
+
+
+def test_the_suggested_window_counts_are_the_largest_that_fit() -> None:
+    assert nonoverlap(100, [4, 8], num_windows=12)[1].starts[-1] + 8 + 1 == 97
+    assert sliding(100, [8], stride=4, num_windows=23)[0].starts[-1] + 8 + 1 == 97
+    with pytest.raises(ProtocolError):
+        sliding(100, [8], stride=4, num_windows=24)  # 8 + 4 * 23 + 1 = 101 tokens

@@ -16,6 +16,7 @@ from kerple.evaluation.runner import (
     evaluate_plan,
     fit_batch_size,
     model_loss_fn,
+    scored_token_count,
 )
 
 STREAM = np.array([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9], dtype=np.int64)
@@ -184,3 +185,19 @@ def test_a_missing_evaluation_split_names_its_key(tmp_path) -> None:
         load_split_documents(cfg, "valid")
     with pytest.raises(DataError, match=r"^data_path \S+also_gone \(<command line>\): "):
         load_split_documents(cfg, "test")
+
+
+def test_eod_mask_loss_leaves_the_token_after_each_eod_unscored_at_every_length() -> None:
+    """With 5 as the end-of-document id: inputs 5 at stream indices 4, 8 and 10, so the labels at
+    5, 9 and 11 (9, 3, 8) are not scored; nine labels remain, 1 4 1 5 2 6 5 5 9 (sum 38)."""
+    plans = nonoverlap(len(STREAM), [2, 4])  # T = 12 labels, stream[1:13]
+    short, long = (evaluate_plan(label_plus_position, STREAM, plan, per_position=True, progress=False,
+                                 unscored_after=5) for plan in plans)
+    assert short.scored_tokens == long.scored_tokens == 9
+    assert [scored_token_count(plan, STREAM, 5) for plan in plans] == [9, 9]
+    # window positions of the scored labels at length 4: 0 1 2 3 | 1 2 3 | 1 3 (sum 16); at length 2: 0 1 0 1 | 1 0 1 | 1 1 (6)
+    assert long.loss == pytest.approx(38 / 900 + 16 / 90)
+    assert short.loss == pytest.approx(38 / 900 + 6 / 90)
+    assert long.per_position_loss == pytest.approx([1 / 100, 11 / 300 + 0.1, 7 / 200 + 0.2, 19 / 300 + 0.3])
+    unmasked = evaluate_plan(label_plus_position, STREAM, plans[1], progress=False)
+    assert unmasked.scored_tokens == 12 and scored_token_count(plans[1], STREAM, None) == 12
