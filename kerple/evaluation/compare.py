@@ -12,7 +12,7 @@ from pathlib import Path
 from kerple.atomic import write_text_atomic
 from kerple.evaluation.errors import EvaluationError
 from kerple.evaluation.plots import plot_ppl_vs_length
-from kerple.evaluation.stats import ALPHA, Table, build_tables, display_name, load_run, render
+from kerple.evaluation.stats import ALPHA, RunResult, Table, build_tables, display_name, load_run, render
 
 EXTENSIONS = {"markdown": "md", "latex": "tex", "csv": "csv"}
 
@@ -36,6 +36,17 @@ def plot_table(table: Table, path: str | Path) -> Path:
     if match:
         train_length = int(match.group(1))
     return plot_ppl_vs_length(series, path, title=table.title, train_length=train_length)
+
+
+def _incomplete_note(runs: Sequence[RunResult], fmt: str) -> str:
+    """A line naming the results files of an ``evaluate.py`` that stopped before its last length (their
+    missing lengths are blank cells, and a column's mean may then rest on fewer seeds); '' when none."""
+    stopped = [run.path for run in runs if not run.complete]
+    if not stopped or fmt == "csv":
+        return ""
+    line = (f"Incomplete: evaluate.py stopped before scoring every length it was asked for in {', '.join(stopped)}; "
+            "run it again with the same --output for a complete file.")
+    return ("% " + line if fmt == "latex" else line) + "\n"
 
 
 def compare(
@@ -63,7 +74,7 @@ def compare(
     if not any(reference in table.variants for table in tables):
         found = sorted({run.variant for run in runs})
         raise EvaluationError(f"reference {reference!r} is not among the runs ({', '.join(found)})")
-    text = render(tables, fmt, alpha)
+    text = render(tables, fmt, alpha) + _incomplete_note(runs, fmt)
     folder = Path(out_dir) if out_dir is not None else Path(paths[0]).parent
     written = [write_text_atomic(folder / f"comparison.{EXTENSIONS[fmt]}", text)]
     for table in tables:

@@ -59,6 +59,7 @@ class RunResult:
     protocol: str
     ppl: dict[int, float] = field(default_factory=dict)
     scoring: tuple[tuple[str, object], ...] = ()  # the settings that choose the scored tokens (SCORING_KEYS)
+    complete: bool = True  # False: evaluate.py stopped before it scored every length it was asked for
 
 
 def load_run(path: str | Path) -> RunResult:
@@ -89,6 +90,7 @@ def load_run(path: str | Path) -> RunResult:
         ppl=ppl,
         scoring=tuple((key, protocol.get(key, default)) for key, default in SCORING_KEYS.items()
                       if key != "stride" or protocol["name"] == "sliding"),  # only sliding reads its stride
+        complete=doc.get("complete", True) is not False,
     )
 
 

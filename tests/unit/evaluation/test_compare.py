@@ -124,3 +124,17 @@ def test_runs_that_scored_different_tokens_are_not_paired(tmp_path: Path) -> Non
     same = [run("c3", seed, ppl, split="valid", num_tokens=32768, stride=256) for seed, ppl in enumerate([3.5, 3.65, 3.72])]
     text, _ = compare([*reference, *same], reference="kerple_log")
     assert "| 512 | 3.10 ± 0.10 | 3.62 ± 0.11† |" in text
+
+
+def test_an_interrupted_evaluation_is_named_under_the_table(tmp_path: Path) -> None:
+    """A results file with ``complete: false`` (evaluate.py stopped) went into the table without a word."""
+    paths = [write_result(tmp_path, "kerple_log", 0, "github", {512: 3.4, 1024: 3.3}),
+             write_result(tmp_path, "rotary", 0, "github", {512: 3.5})]
+    doc = json.loads(paths[1].read_text())
+    write_json_atomic({**doc, "complete": False}, paths[1])
+    text, _ = compare(paths, reference="kerple_log", fmt="markdown")
+    assert "| 1024 | 3.30 |  |" in text
+    assert text.rstrip().endswith(f"Incomplete: evaluate.py stopped before scoring every length it was asked for in "
+                                  f"{paths[1]}; run it again with the same --output for a complete file.")
+    assert "Incomplete" not in compare(paths[:1], reference="kerple_log", fmt="markdown")[0]
+    assert compare(paths, reference="kerple_log", fmt="latex")[0].rstrip().splitlines()[-1].startswith("% Incomplete:")
