@@ -119,7 +119,8 @@ def test_separate_training_files_without_validation_files_say_which_key_to_set(p
     with caplog.at_level(logging.WARNING, logger="kerple"):
         trainer = Trainer(cfg, parallel)
         trainer.close()
-    assert "valid_data_paths" in caplog.text and "without validation" in caplog.text and "None" not in caplog.text
+    warnings = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert "valid_data_paths" in warnings and "without validation" in warnings and "None" not in warnings
 
 
 def test_a_test_split_shorter_than_a_sample_does_not_stop_training(parallel, tmp_path: Path) -> None:
