@@ -111,9 +111,9 @@ def _one_step(name: str, impl: str, window: int | None) -> tuple[float, dict[str
 
 
 @pytest.mark.parametrize(("name", "reference", "window"), [
-    ("kerple_log", "sdpa", None), ("kerple_log", "sdpa", 6), ("kerple_wht", "eager", None)])
+    ("kerple_log", "sdpa", None), ("kerple_log", "sdpa", 6), ("kerple_bias_wht", "eager", None)])
 def test_a_training_step_matches_the_other_kernels(name: str, reference: str, window: int | None) -> None:
-    """kerple_log (bias tables) against sdpa, kerple_wht (a scale table too; sdpa cannot scale) against eager:
+    """kerple_log (a bias table) against sdpa, kerple_bias_wht (a scale table too; sdpa cannot scale) against eager:
     the same loss and the same gradients, the positional parameters' among them."""
     loss, grads = _one_step(name, "triton", window)
     expected_loss, expected = _one_step(name, reference, window)
