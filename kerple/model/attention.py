@@ -142,8 +142,8 @@ def _limitation(impl: str, kind: PositionKind, device_type: str, training: bool)
     if impl == "flex" and training and device_type == "cpu":
         return "FlexAttention has no backward on CPU (it serves evaluation there)"
     if impl == "triton" and not triton_attention.runs_on(device_type):
-        return ("the Triton attention kernel runs on CUDA (on a CPU only in Triton's interpreter, "
-                "TRITON_INTERPRET=1, for tests)")
+        return ("the Triton attention kernel needs CUDA and the triton package (on a CPU it runs only in "
+                "Triton's interpreter, TRITON_INTERPRET=1, for tests)")
     return None
 
 

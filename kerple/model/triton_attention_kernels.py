@@ -208,15 +208,13 @@ def tile_size(dtype: torch.dtype, head_dim: int) -> int:
     return 64 if dtype != torch.float32 and head_dim <= 64 else 32
 
 
-def _settings(query: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None, window: int | None,
-              block: int | None) -> dict:
-    """The compile-time arguments and ``num_warps`` shared by the three kernels."""
-    interpret = triton.knobs.runtime.interpret
-    if query.device.type != "cuda" and not interpret:
-        raise RuntimeError("attention_impl triton runs on CUDA, or on a CPU under TRITON_INTERPRET=1 "
-                           "(set before triton is imported)")
-    length, head_dim = query.shape[2:]
-    block = block or tile_size(query.dtype, head_dim)
+def launch_settings(dtype: torch.dtype, head_dim: int, length: int, has_bias: bool, has_scale: bool,
+                    window: int | None, block: int | None = None, interpret: bool = False) -> dict:
+    """The compile-time arguments and ``num_warps`` shared by the three kernels. Eight warps: compiled offline
+    for sm_90 (Triton 3.6, ``benchmarks/triton_resources.py --kernel attention``), four spilled registers in
+    every 16-bit configuration at head_dim 64 (256 B a thread in the key-side backward with a bias table), eight
+    none there; not timed on a GPU."""
+    block = block or tile_size(dtype, head_dim)
     if block < 16 or block & (block - 1):
         raise ValueError(f"block {block}: tiles are a power of two of at least 16 wide (tl.dot's smallest)")
     query_blocks = triton.cdiv(length, block)
@@ -224,11 +222,45 @@ def _settings(query: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tenso
     bands = query_blocks if window is None else min(query_blocks, triton.cdiv(window - 1, block) + 1)
     return dict(
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK=block, BANDS=bands,
-        HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, HAS_WINDOW=window is not None,
-        UPCAST=bool(interpret) and query.dtype != torch.float32,
-        INPUT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=4 if block * head_dim <= 64 * 64 else 8,
+        HAS_BIAS=has_bias, HAS_SCALE=has_scale, HAS_WINDOW=window is not None,
+        UPCAST=interpret and dtype != torch.float32,
+        INPUT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+        num_warps=8,
     )
+
+
+def _settings(query: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None, window: int | None,
+              block: int | None) -> dict:
+    """:func:`launch_settings` for these inputs, on a device the kernels can run on."""
+    interpret = bool(triton.knobs.runtime.interpret)
+    if query.device.type != "cuda" and not interpret:
+        raise RuntimeError("attention_impl triton runs on CUDA, or on a CPU under TRITON_INTERPRET=1 "
+                           "(set before triton is imported)")
+    return launch_settings(query.dtype, query.shape[-1], query.shape[-2], bias is not None, scale is not None, window,
+                           block, interpret)
+
+
+def offline_requests(dtype: torch.dtype, head_dim: int, has_scale: bool, length: int = 512,
+                     window: int | None = None, num_warps: int | None = None) -> dict[str, dict]:
+    """Per kernel, the arguments of :func:`kerple.measure.triton_offline.compile_here` for a launch on a GPU
+    with a bias table (and a scale table when ``has_scale``)."""
+    element = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    constexprs = launch_settings(dtype, head_dim, length, True, has_scale, window)
+    warps = constexprs.pop("num_warps")
+    integers = dict.fromkeys(["heads", "length", "window"], "i32")
+    tables = dict.fromkeys(["BIAS", "SCALE", "LSE", "DELTA", "BIAS_OUT", "SCALE_OUT"], "*fp32")
+    signatures = {
+        "_forward": ["Q", "K", "V", "OUT"], "_backward_keys": ["Q", "K", "V", "DO", "DK", "DV"],
+        "_backward_queries": ["Q", "K", "V", "DO", "DQ"],
+    }
+    requests = {}
+    for name, tensors in signatures.items():
+        kernel = globals()[name]
+        signature = {**dict.fromkeys(tensors, f"*{element}"), **tables, **integers, "sm_scale": "fp32"}
+        signature = {param: signature[param] for param in kernel.arg_names if param not in constexprs}
+        requests[name] = {"kernel": f"{__name__}:{name}", "signature": signature, "constexprs": constexprs,
+                          "num_warps": num_warps or warps}
+    return requests
 
 
 def _shared(query: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None,

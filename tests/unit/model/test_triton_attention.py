@@ -145,7 +145,7 @@ def test_refusals_and_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
 
     assert unsupported_reason("triton", PositionKind.WEIGHT, "cuda", True) is None
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert "runs on CUDA" in unsupported_reason("triton", PositionKind.BIAS, "cpu", True)
+    assert "needs CUDA" in unsupported_reason("triton", PositionKind.BIAS, "cpu", True)
     monkeypatch.undo()
     choices = {choose_implementation(kind, device, training, length, window=window, compiled_layers=compiled,
                                      learnable=True)
