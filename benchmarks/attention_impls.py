@@ -4,7 +4,8 @@
 
 Model: 2 layers, h=128, 4 heads, vocab 512, batch 1, fp32. Each implementation is timed for a
 forward under ``torch.no_grad`` (evaluation) and for forward+backward (a training step without the
-optimizer) where it has a backward on the device (FlexAttention has none on CPU).
+optimizer) where it has a backward on the device (FlexAttention has none on CPU). ``triton`` (the fused
+kernel of ``attention_impl: triton``) is timed on CUDA only (on a CPU it runs only in Triton's interpreter).
 flex is compiled once per length during the warm-up. Prints the median of ``--repeats`` runs.
 """
 
@@ -16,7 +17,7 @@ import sys
 from kerple.errors import entry_point
 from kerple.flags import AT_LEAST_1, check_flags, heavy_imports, name_list, number_list
 
-IMPLS = ("eager", "sdpa", "flex")
+IMPLS = ("eager", "sdpa", "flex", "triton")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -63,6 +64,8 @@ def measure(name: str, impl: str, length: int, repeats: int, device: torch.devic
     """Seconds of one forward (``training=False``) or forward+backward; None when unsupported."""
     family = positional.family(name)
     if unsupported_reason(impl, family.kind, device.type, training) is not None:
+        return None
+    if impl == "triton" and device.type != "cuda":  # Triton's CPU interpreter: correct, not timed
         return None
     model = _model(name, impl, device)
     tokens = torch.randint(0, 512, (1, length + 1), device=device)

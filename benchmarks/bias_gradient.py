@@ -29,6 +29,10 @@ order, median; CUDA synchronised around each call):
   gradient carried back to them.
 * CUDA ``reduction alone, gathered per tile``: the same with the Triton kernel summing each tile along its
   diagonals as it comes instead of once per program (``GATHER_EACH_TILE``).
+* CUDA ``triton, fused``: ``attention_impl: triton`` (``kerple/model/triton_attention.py``), one
+  FlashAttention-2 kernel with the tables in its logits whose backward also sums the tables' gradient from
+  its ``dS`` tiles. Before timing, a line compares its output, ``dq`` and the tables' gradient with
+  ``flex + reduction``'s on the same inputs (the tests run it only in Triton's CPU interpreter).
 
 The distance tables are built in every call that needs them (the model builds them once per forward
 for all layers). Printed: milliseconds and the ratio to ``none``.
@@ -168,7 +172,55 @@ def cuda_variants(embedding: positional.PositionalEmbedding, tensors: list[torch
 
     variants = {"flex, captured gradient": flex(False, False)} if captured else {}
     return {**variants, **_cudnn_dense(embedding, tensors), "flex, detached": flex(False, True),
-            "flex + reduction": flex(True, False)}
+            "flex + reduction": flex(True, False), **_fused_row(embedding, tensors, kernels[True])}
+
+
+def _fused_row(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor], flex: Any) -> dict[str, Variant]:
+    """``triton, fused`` after its comparison with ``flex + reduction``; left out, with a note, where the kernel
+    fails on this GPU (not yet run on one), so that the other rows still come out."""
+    try:
+        _compare_fused(embedding, tensors, flex)
+    except Exception as error:  # noqa: BLE001 -- any failure of the untimed kernel: the other rows still count
+        print(f"triton, fused: left out ({type(error).__name__}: {(str(error).splitlines() or [''])[0][:160]})")
+        return {}
+    return {"triton, fused": _fused(embedding, tensors)}
+
+
+def _fused(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor]) -> Callable[[], list[torch.Tensor]]:
+    """One forward + backward through ``attention_impl: triton``'s kernel; returns the output, ``dq`` and the
+    present tables' gradients."""
+    from kerple.model.triton_attention import fused_attention
+
+    q, k, v, upstream = tensors
+    length = q.shape[-2]
+
+    def run() -> list[torch.Tensor]:
+        query, key, value = (t.detach().requires_grad_() for t in (q, k, v))
+        tables = [None if t is None else t.detach().requires_grad_()
+                  for t in embedding.distance_tables(length, q.device)]
+        output, _ = fused_attention(query, key, value, *tables, None)
+        output.backward(upstream)
+        return [output, query.grad, *(t.grad for t in tables if t is not None)]
+
+    return run
+
+
+def _compare_fused(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor], flex: Any) -> None:
+    """Print how far ``triton, fused`` lies from ``flex + reduction`` (relative to the largest entry)."""
+    q, k, v, upstream = tensors
+    length = q.shape[-2]
+    query, key, value = (t.detach().requires_grad_() for t in (q, k, v))
+    tables = [None if t is None else t.detach().requires_grad_() for t in embedding.distance_tables(length, q.device)]
+    term = embedding.logit_term()
+    term = term if term is not None else _table_term(embedding, length, q.dtype)
+    output = flex(query, key, value, term, None, tables)  # with tables it detaches the term itself
+    output.backward(upstream)
+    expected = [output, query.grad, *(t.grad for t in tables if t is not None)]
+    names = ["output", "dq", *(name for name, t in zip(("dbias", "dscale"), tables) if t is not None)]
+    errors = [((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+              for got, want in zip(_fused(embedding, tensors)(), expected)]
+    print("triton, fused vs flex + reduction (max |difference| / max |flex|): "
+          + ", ".join(f"{name} {error:.1e}" for name, error in zip(names, errors)))
 
 
 def _dense_bias(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor],

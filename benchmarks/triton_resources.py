@@ -1,4 +1,7 @@
-"""Registers, spills and shared memory of the bias-gradient Triton kernel on an NVIDIA GPU, compiled here.
+"""Registers, spills and shared memory of the project's Triton kernels on an NVIDIA GPU, compiled here.
+
+    python benchmarks/triton_resources.py                         # the bias-gradient reduction
+    python benchmarks/triton_resources.py --kernel attention      # attention_impl: triton's three kernels
 
 No GPU is needed: :mod:`kerple.measure.triton_offline` compiles each launch configuration for
 ``sm_<arch>`` with Triton and the ``ptxas`` its wheel carries, and reads ``ptxas -v``. One row per
@@ -6,7 +9,9 @@ configuration of :func:`kerple.model.bias_gradient_triton.diagonal_partials` (dt
 table or not) x warps per program x the order of the diagonal sums (once per program, the default, or
 per tile). A spill is local memory traffic inside the kernel's loop; fewer registers a thread leave room
 for more programs per SM. Time still needs a GPU (``benchmarks/bias_gradient.py``). About 10-20 s per
-configuration on a CPU, cached by Triton after the first run.
+configuration on a CPU, cached by Triton after the first run. ``--kernel attention``: the forward and the two
+backward kernels of :mod:`kerple.model.triton_attention_kernels` per dtype x head_dim x tables x warps, at 512
+tokens without a window.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--head-dims", default="64,128", help="comma-separated head dimensions")
     parser.add_argument("--warps", default="4,8", help="comma-separated warps per program")
     parser.add_argument("--arch", type=int, default=90, choices=(80, 90), help="sm_80 (A100) or sm_90 (H100, H200)")
+    parser.add_argument("--kernel", default="bias-gradient", choices=("bias-gradient", "attention"),
+                        help="the tables' reduction, or the fused attention kernels of attention_impl: triton")
     args = parser.parse_args(argv)
     args.dtypes = name_list("--dtypes", args.dtypes, list(DTYPES))
     args.head_dims = number_list("--head-dims", args.head_dims, AT_LEAST_1)
@@ -39,6 +46,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 @entry_point("triton_resources.py")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.kernel == "attention":
+        return _attention(args)
     from kerple.measure.triton_offline import kernel_resources
     from kerple.model.bias_gradient_triton import GATHER_EACH_TILE, offline_request, tile_size, warps
 
@@ -57,6 +66,33 @@ def main(argv: list[str] | None = None) -> int:
         launched = count == warps(DTYPES[dtype], head_dim, scale) and each == GATHER_EACH_TILE
         head = f"| {dtype} | {head_dim} | {tile} | {'bias, scale' if scale else 'bias'} | {count} | " \
                f"{'per tile' if each else 'per program'} | {'yes' if launched else ''} |"
+        if found.error:
+            print(f"{head} did not compile: {found.error} | | |")
+        else:
+            print(f"{head} {found.registers} | {found.spill_stores} / {found.spill_loads} | {found.shared_bytes / 1024:g} |")
+    return 0
+
+
+def _attention(args: argparse.Namespace) -> int:
+    """One row per kernel of ``attention_impl: triton`` and configuration."""
+    from kerple.measure.triton_offline import kernel_resources
+    from kerple.model.triton_attention_kernels import launch_settings, offline_requests
+
+    cases = list(itertools.product(args.dtypes, args.head_dims, (False, True), args.warps))
+    rows = [(case, name, request) for case in cases
+            for name, request in offline_requests(DTYPES[case[0]], case[1], case[2], num_warps=case[3]).items()]
+    for _, _, request in rows:
+        request["arch"] = args.arch
+    print(f"attention_impl: triton for sm_{args.arch}, compiled offline ({len(rows)} kernels, 512 tokens); "
+          "launched: the warps attention_forward/attention_backward launch\n")
+    print("| dtype | head_dim | tile | tables | warps | kernel | launched | registers | spill stores / loads (B) "
+          "| shared (KiB) |")
+    print("|---|---:|---:|---|---:|---|---|---:|---:|---:|")
+    for ((dtype, head_dim, scale, count), name, request), found in zip(rows, kernel_resources([r for *_, r in rows])):
+        settings = launch_settings(DTYPES[dtype], head_dim, 512, True, scale, None)
+        launched = "yes" if count == settings["num_warps"] else ""
+        head = f"| {dtype} | {head_dim} | {settings['BLOCK']} | {'bias, scale' if scale else 'bias'} | {count} | " \
+               f"{name} | {launched} |"
         if found.error:
             print(f"{head} did not compile: {found.error} | | |")
         else:

@@ -190,12 +190,14 @@ PositionalConfig = positional_section(positional.option_specs())
 class AttentionConfig:
     """Which attention implementation computes the scores, and the optional window."""
 
-    attention_impl: Literal["eager", "sdpa", "flex", "auto"] = setting(
+    attention_impl: Literal["eager", "sdpa", "flex", "triton", "auto"] = setting(
         "eager",
         "eager: reference math (fp32 softmax); sdpa: torch scaled_dot_product_attention with a "
-        "materialised bias; flex: FlexAttention score_mod (no L x L tensor); auto: the fastest of "
-        "these that serves the embedding on the current device, mode and length, chosen at every "
-        "forward (kerple.model.attention.choose_implementation).",
+        "materialised bias; flex: FlexAttention score_mod (no L x L tensor); triton: one fused Triton "
+        "kernel with the distance tables in its logits and their gradient in its backward (CUDA; opt-in, "
+        "not yet timed on a GPU); auto: the fastest of eager, sdpa and flex that serves the embedding on "
+        "the current device, mode and length, chosen at every forward "
+        "(kerple.model.attention.choose_implementation).",
     )
     attention_window: int | None = setting(
         None, "If set to w, each query attends only to the last w keys (thesis 4.3.3).", minimum=1

@@ -1,4 +1,4 @@
-"""The decoders of every model family, with eager | sdpa | flex attention and pluggable positions.
+"""The decoders of every model family, with eager | sdpa | flex | triton attention and pluggable positions.
 
 Public API: :func:`build_model` (the family of ``model.arch``, from :mod:`kerple.model.families`),
 :class:`Decoder` (what every family shares), :class:`GPTModel`, :class:`KVCache`,

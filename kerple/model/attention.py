@@ -1,4 +1,4 @@
-"""Self-attention of GPT-NeoX with three interchangeable kernels: ``eager`` | ``sdpa`` | ``flex``.
+"""Self-attention of GPT-NeoX with interchangeable kernels: ``eager`` | ``sdpa`` | ``flex`` | ``triton``.
 
 Reference order of operations (docs/reference-format.md §3):
 
@@ -35,6 +35,9 @@ The three kernels compute the same function (tests check agreement to 1e-5 in fp
   (no ``L×L`` tensor either way), and a cached ``BlockMask`` for causal/window masking (see
   ``flex.py``). In training, a distance-based learnable term goes to the kernel detached and its
   parameters' gradient is summed tile by tile apart (``bias_gradient.py``).
+* ``triton`` (opt-in, never chosen by ``auto``: not yet timed on a GPU) is one fused FlashAttention-2 kernel
+  with the distance tables in its logits, whose backward also returns the tables' gradient
+  (``triton_attention.py``); it runs on CUDA, or in Triton's CPU interpreter for the tests.
 
 The layer never names an embedding: it only asks whether a table or a closed form is ``None``, and
 hands its input to :meth:`AttentionContext.for_layer` (the embedding's layer hook) before attending.
@@ -53,7 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from kerple.model import sdpa_cpu
+from kerple.model import sdpa_cpu, triton_attention
 from kerple.positional.base import PositionKind, diagonal_gather, gather_by_distance
 from kerple.positional.logit_term import LogitTerm, ScorePosition, distance_table_term
 
@@ -61,7 +64,8 @@ if TYPE_CHECKING:
     from kerple.model.cache import KVCache
     from kerple.model.flex import FlexAttentionKernel
 
-ATTENTION_IMPLS: tuple[str, ...] = ("eager", "sdpa", "flex")
+ATTENTION_IMPLS: tuple[str, ...] = ("eager", "sdpa", "flex", "triton")
+SUGGESTED_IMPLS: tuple[str, ...] = ("eager", "sdpa", "flex")  # what a refusal proposes: the measured kernels
 AUTO = "auto"  # resolved per forward by :func:`choose_implementation`
 
 # Where ``auto`` switches to FlexAttention: the shortest sequence length from which it picks ``flex``, per
@@ -125,7 +129,7 @@ def unsupported_reason(impl: str, kind: PositionKind | str, device_type: str, tr
         return None
     # only what serves this embedding here: a weight kernel's sdpa on a CPU once suggested flex, which
     # CPU training refuses
-    usable = [other for other in ATTENTION_IMPLS if other not in (impl, "auto")
+    usable = [other for other in SUGGESTED_IMPLS if other not in (impl, "auto")
               and _limitation(other, kind, device_type, training) is None]
     return f"{reason}; use attention_impl: {' or '.join(usable + ['auto'])}"
 
@@ -137,6 +141,9 @@ def _limitation(impl: str, kind: PositionKind, device_type: str, training: bool)
                 "scaled_dot_product_attention cannot express as an additive mask")
     if impl == "flex" and training and device_type == "cpu":
         return "FlexAttention has no backward on CPU (it serves evaluation there)"
+    if impl == "triton" and not triton_attention.runs_on(device_type):
+        return ("the Triton attention kernel needs CUDA and the triton package (on a CPU it runs only in "
+                "Triton's interpreter, TRITON_INTERPRET=1, for tests)")
     return None
 
 
@@ -422,10 +429,28 @@ def flex_attention(
     return context.flex(query, key, value, context.flex_term(query.dtype), context.window, tables)
 
 
+def fused_triton_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, context: AttentionContext, training: bool
+) -> torch.Tensor:
+    """The fused Triton kernel with the distance tables in its logits (``triton_attention.py``); cached
+    decoding (``q_len < k_len``) goes to eager, as in :func:`flex_attention`."""
+    if context.q_len != context.k_len:
+        return eager_attention(query, key, value, context, training)
+    if training and context.dropout_p > 0.0:
+        raise ValueError("attention_impl triton does not implement attention dropout; set attention_dropout: 0")
+    if context.grid_term is not None:
+        raise ValueError("attention_impl triton reads distance tables, and this embedding's term is a closed form "
+                         "of the positions (no tables); use attention_impl: flex or sdpa")
+    output, _ = triton_attention.fused_attention(query, key, value, context.bias_table, context.scale_table,
+                                                 context.window)
+    return output  # [b, H, s, d]
+
+
 KERNELS: dict[str, Callable[..., torch.Tensor]] = {
     "eager": eager_attention,
     "sdpa": sdpa_attention,
     "flex": flex_attention,
+    "triton": fused_triton_attention,
 }
 
 

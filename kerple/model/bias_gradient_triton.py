@@ -38,7 +38,7 @@ tiles first and gathered once per program. Kept so that a GPU can time both orde
 
 
 @triton.jit
-def _diagonal_sums(values, BLOCK: tl.constexpr):
+def tile_diagonal_sums(values, BLOCK: tl.constexpr):
     """``[2·BLOCK]``: slot ``c`` sums ``values[i, i + BLOCK - c]`` over the rows where that column exists."""
     rows = tl.arange(0, BLOCK)[:, None]
     slots = tl.arange(0, 2 * BLOCK)[None, :]
@@ -106,9 +106,9 @@ def _band_sums(
             grad_scores = probs * (grad_probs - delta[:, None])
             if GATHER_EACH_TILE:
                 if HAS_BIAS:
-                    bias_sums += _diagonal_sums(grad_scores, BLOCK)
+                    bias_sums += tile_diagonal_sums(grad_scores, BLOCK)
                 if HAS_SCALE:
-                    scale_sums += _diagonal_sums(grad_scores * x, BLOCK)
+                    scale_sums += tile_diagonal_sums(grad_scores * x, BLOCK)
             else:
                 if HAS_BIAS:
                     bias_tiles += grad_scores
@@ -116,9 +116,9 @@ def _band_sums(
                     scale_tiles += grad_scores * x
     if not GATHER_EACH_TILE:
         if HAS_BIAS:
-            bias_sums = _diagonal_sums(bias_tiles, BLOCK)
+            bias_sums = tile_diagonal_sums(bias_tiles, BLOCK)
         if HAS_SCALE:
-            scale_sums = _diagonal_sums(scale_tiles, BLOCK)
+            scale_sums = tile_diagonal_sums(scale_tiles, BLOCK)
     out = ((chunk * tl.num_programs(1) + band) * tl.num_programs(2) + batch_head) * 2 * BLOCK + tl.arange(0, 2 * BLOCK)
     if HAS_BIAS:
         tl.store(BIAS_OUT + out, bias_sums)

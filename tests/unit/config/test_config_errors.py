@@ -55,7 +55,7 @@ def test_wrong_type_says_expected_and_got(write):
         ("num_layers: true\n", "expected int, got bool"),
         ("use_wandb: 1\n", "expected bool, got int"),
         ("optimizer: {params: {betas: [0.9, fast]}}\n", "item 1: expected float, got str"),
-        ("attention_impl: fused\n", "expected one of 'eager', 'sdpa', 'flex', 'auto', got 'fused'"),
+        ("attention_impl: fused\n", "expected one of 'eager', 'sdpa', 'flex', 'triton', 'auto', got 'fused'"),
         ("attention_window: many\n", "expected int or null, got str"),
     ],
 )

@@ -84,7 +84,7 @@ def test_compiled_flex_agrees_with_eager() -> None:
 
 
 def test_all_impls_are_known() -> None:
-    assert ATTENTION_IMPLS == ("eager", "sdpa", "flex")
+    assert ATTENTION_IMPLS == ("eager", "sdpa", "flex", "triton")
 
 
 def test_a_mask_that_needs_a_gradient_only_reaches_the_kernels_that_return_it(monkeypatch) -> None:

@@ -1,0 +1,314 @@
+"""Triton kernels of ``attention_impl: triton``: causal attention whose logits carry a distance-based term,
+and whose backward also returns that term's table gradients.
+
+FlashAttention-2 (Dao 2023): the forward is its Algorithm 1 (online softmax over key tiles, the row's
+logsumexp saved), the backward its Algorithm 2 (``P`` and ``dP`` recomputed tile by tile from ``lse``). The
+logits are KERPLE's (Chi et al. 2022, Eq. (2)-(4); §5.3 for the multiplicative weight kernels) as distance
+tables ``bias[h, d]``, ``scale[h, d]`` (``d = i - j``)::
+
+    x  = q kᵀ / √D                      S  = x · scale[h, d] + bias[h, d]      (causal, d < window)
+    P  = exp(S - lse)                   dP = dO vᵀ            dS = P ∘ (dP - rowsum(dO ∘ O))
+    dq = (dS ∘ scale) k / √D            dk = (dS ∘ scale)ᵀ q / √D               dv = Pᵀ dO
+    dbias[h, d] = Σ_{b, i - j = d} dS           dscale[h, d] = Σ_{b, i - j = d} dS ∘ x
+
+Tiles are square (``B x B``), so the tile of query block ``m`` and key block ``n`` lies on band ``m - n``
+and holds distance ``band·B + i - j`` at local ``(i, j)``. The key-side backward program, which walks the
+query blocks of its key block band by band, sums each tile's ``dS`` (and ``dS ∘ x``) along its diagonals
+(:func:`~kerple.model.bias_gradient_triton.tile_diagonal_sums`) into its own ``[2B]`` slot of a partial
+buffer ``[key blocks, bands, b·H, 2B]``; the caller adds the partials in a fixed order
+(:func:`~kerple.model.bias_gradient_triton.distance_sums_from_partials`). No atomics anywhere, so the
+gradients are deterministic: ``dq`` comes from a second program per query block (Algorithm 2's ``dQ`` as a
+loop of its own, rather than atomic adds). The buffer holds ``b·H·L²·2/B`` floats (``2·L·W/B`` per
+``b·H`` with a window): 12.6 MB for 32 x 12 heads x 512 tokens at ``B = 64``.
+
+Loop bounds are compile-time constants (``BANDS``), and tiles outside the causal band are skipped by a
+branch: Triton's CPU interpreter, where the tests run these kernels, fails on run-time loop bounds with
+numpy 2.4. There ``UPCAST`` converts 16-bit operands to fp32 before ``tl.dot`` (the interpreter multiplies
+bf16 operands as raw 16-bit integers); on a GPU they reach the tensor cores as they are, fp32 accumulation
+either way.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kerple.model.bias_gradient_triton import distance_sums_from_partials, tile_diagonal_sums
+
+MASKED = tl.constexpr(-1.0e30)  # a finite "minus infinity": a row with no visible key yet keeps exp() finite
+
+
+@triton.jit
+def _load_tile(pointer, rows, row_ok, dims, dim_ok, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr):
+    """Rows ``rows`` of a contiguous ``[L, HEAD_DIM]`` matrix, ``[B, BLOCK_D]``, zero outside."""
+    tile = tl.load(pointer + rows[:, None] * HEAD_DIM + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :],
+                   other=0.0)
+    if UPCAST:
+        tile = tile.to(tl.float32)
+    return tile
+
+
+@triton.jit
+def _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
+            BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+            INPUT_PRECISION: tl.constexpr):
+    """``(x, S, visible, scale)`` of one tile, each ``[B, B]`` (``scale`` is 1 without a scale table)."""
+    distance = rows[:, None] - cols[None, :]
+    visible = (distance >= 0) & (rows < length)[:, None] & (cols < length)[None, :]
+    if HAS_WINDOW:
+        visible = visible & (distance < window)
+    index = head * length + tl.minimum(tl.maximum(distance, 0), length - 1)
+    x = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * sm_scale
+    if HAS_SCALE:
+        scale = tl.load(SCALE + index, mask=visible, other=0.0)
+    else:
+        scale = tl.full([BLOCK, BLOCK], 1.0, tl.float32)
+    score = x * scale
+    if HAS_BIAS:
+        score = score + tl.load(BIAS + index, mask=visible, other=0.0)
+    return x, score, visible, scale
+
+
+@triton.jit
+def _forward(
+    Q, K, V, BIAS, SCALE, OUT, LSE, heads, length, window, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BANDS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Algorithm 1 for query block ``program_id(0)`` of batch·head ``program_id(1)``: ``OUT`` and ``LSE``."""
+    query_block = tl.program_id(0)
+    batch_head = tl.program_id(1)
+    head = (batch_head % heads).to(tl.int64)
+    base = batch_head.to(tl.int64) * length * HEAD_DIM
+    offsets = tl.arange(0, BLOCK)
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims < HEAD_DIM
+    rows = query_block * BLOCK + offsets
+    row_ok = rows < length
+    q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, HEAD_DIM, UPCAST)
+    row_max = tl.full([BLOCK], MASKED, tl.float32)
+    row_sum = tl.zeros([BLOCK], dtype=tl.float32)
+    acc = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
+    for band in range(BANDS):
+        key_block = query_block - band
+        if key_block >= 0:
+            cols = key_block * BLOCK + offsets
+            col_ok = cols < length
+            k = _load_tile(K + base, cols, col_ok, dims, dim_ok, HEAD_DIM, UPCAST)
+            v = _load_tile(V + base, cols, col_ok, dims, dim_ok, HEAD_DIM, UPCAST)
+            _, score, visible, _ = _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
+                                           BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, INPUT_PRECISION)
+            score = tl.where(visible, score, MASKED)
+            new_max = tl.maximum(row_max, tl.max(score, axis=1))
+            probs = tl.where(visible, tl.exp(score - new_max[:, None]), 0.0)
+            correction = tl.exp(row_max - new_max)
+            row_sum = row_sum * correction + tl.sum(probs, axis=1)
+            acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=INPUT_PRECISION)
+            row_max = new_max
+    row_sum = tl.where(row_ok, row_sum, 1.0)  # rows past the end see no key; they are not stored
+    out = acc / row_sum[:, None]
+    tl.store(OUT + base + rows[:, None] * HEAD_DIM + dims[None, :], out.to(OUT.dtype.element_ty),
+             mask=row_ok[:, None] & dim_ok[None, :])
+    tl.store(LSE + batch_head.to(tl.int64) * length + rows, row_max + tl.log(row_sum), mask=row_ok)
+
+
+@triton.jit
+def _backward_keys(
+    Q, K, V, DO, LSE, DELTA, BIAS, SCALE, DK, DV, BIAS_OUT, SCALE_OUT, heads, length, window, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BANDS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Algorithm 2's outer loop for key block ``program_id(0)``: ``dK``, ``dV`` and each tile's diagonal
+    sums of ``dS`` (and ``dS ∘ x``) into slot ``(key block, band, batch·head)`` of the partial buffers."""
+    key_block = tl.program_id(0)
+    batch_head = tl.program_id(1)
+    head = (batch_head % heads).to(tl.int64)
+    base = batch_head.to(tl.int64) * length * HEAD_DIM
+    offsets = tl.arange(0, BLOCK)
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims < HEAD_DIM
+    cols = key_block * BLOCK + offsets
+    col_ok = cols < length
+    k = _load_tile(K + base, cols, col_ok, dims, dim_ok, HEAD_DIM, UPCAST)
+    v = _load_tile(V + base, cols, col_ok, dims, dim_ok, HEAD_DIM, UPCAST)
+    grad_key = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
+    grad_value = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
+    for band in range(BANDS):
+        query_block = key_block + band
+        if query_block * BLOCK < length:
+            rows = query_block * BLOCK + offsets
+            row_ok = rows < length
+            q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, HEAD_DIM, UPCAST)
+            do = _load_tile(DO + base, rows, row_ok, dims, dim_ok, HEAD_DIM, UPCAST)
+            lse = tl.load(LSE + batch_head.to(tl.int64) * length + rows, mask=row_ok, other=0.0)
+            delta = tl.load(DELTA + batch_head.to(tl.int64) * length + rows, mask=row_ok, other=0.0)
+            x, score, visible, scale = _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
+                                               BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, INPUT_PRECISION)
+            probs = tl.where(visible, tl.exp(tl.where(visible, score - lse[:, None], MASKED)), 0.0)
+            grad_probs = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+            grad_scores = probs * (grad_probs - delta[:, None])  # dS [B, B]
+            grad_value += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=INPUT_PRECISION)
+            grad_key += tl.dot(tl.trans((grad_scores * scale).to(q.dtype)), q, input_precision=INPUT_PRECISION)
+            slot = ((key_block * BANDS + band) * tl.num_programs(1) + batch_head).to(tl.int64) * 2 * BLOCK
+            if HAS_BIAS:
+                tl.store(BIAS_OUT + slot + tl.arange(0, 2 * BLOCK), tile_diagonal_sums(grad_scores, BLOCK))
+            if HAS_SCALE:
+                tl.store(SCALE_OUT + slot + tl.arange(0, 2 * BLOCK), tile_diagonal_sums(grad_scores * x, BLOCK))
+    pointers = base + cols[:, None] * HEAD_DIM + dims[None, :]
+    tile_ok = col_ok[:, None] & dim_ok[None, :]
+    tl.store(DK + pointers, (grad_key * sm_scale).to(DK.dtype.element_ty), mask=tile_ok)
+    tl.store(DV + pointers, grad_value.to(DV.dtype.element_ty), mask=tile_ok)
+
+
+@triton.jit
+def _backward_queries(
+    Q, K, V, DO, LSE, DELTA, BIAS, SCALE, DQ, heads, length, window, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BANDS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """``dQ`` of query block ``program_id(0)``: Algorithm 2's inner update, looped over the key blocks."""
+    query_block = tl.program_id(0)
+    batch_head = tl.program_id(1)
+    head = (batch_head % heads).to(tl.int64)
+    base = batch_head.to(tl.int64) * length * HEAD_DIM
+    offsets = tl.arange(0, BLOCK)
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims < HEAD_DIM
+    rows = query_block * BLOCK + offsets
+    row_ok = rows < length
+    q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, HEAD_DIM, UPCAST)
+    do = _load_tile(DO + base, rows, row_ok, dims, dim_ok, HEAD_DIM, UPCAST)
+    lse = tl.load(LSE + batch_head.to(tl.int64) * length + rows, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + batch_head.to(tl.int64) * length + rows, mask=row_ok, other=0.0)
+    grad_query = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
+    for band in range(BANDS):
+        key_block = query_block - band
+        if key_block >= 0:
+            cols = key_block * BLOCK + offsets
+            col_ok = cols < length
+            k = _load_tile(K + base, cols, col_ok, dims, dim_ok, HEAD_DIM, UPCAST)
+            v = _load_tile(V + base, cols, col_ok, dims, dim_ok, HEAD_DIM, UPCAST)
+            _, score, visible, scale = _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
+                                               BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, INPUT_PRECISION)
+            probs = tl.where(visible, tl.exp(tl.where(visible, score - lse[:, None], MASKED)), 0.0)
+            grad_probs = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+            grad_logits = probs * (grad_probs - delta[:, None]) * scale  # dS ∘ scale, the gradient of x
+            grad_query += tl.dot(grad_logits.to(k.dtype), k, input_precision=INPUT_PRECISION)
+    tl.store(DQ + base + rows[:, None] * HEAD_DIM + dims[None, :], (grad_query * sm_scale).to(DQ.dtype.element_ty),
+             mask=row_ok[:, None] & dim_ok[None, :])
+
+
+def tile_size(dtype: torch.dtype, head_dim: int) -> int:
+    """``B``: 64 for 16-bit inputs at head_dim 64, else 32 (fp32 operand tiles, or 128-wide heads, would hold
+    too many registers at 64). Not timed on a GPU yet."""
+    return 64 if dtype != torch.float32 and head_dim <= 64 else 32
+
+
+def launch_settings(dtype: torch.dtype, head_dim: int, length: int, has_bias: bool, has_scale: bool,
+                    window: int | None, block: int | None = None, interpret: bool = False) -> dict:
+    """The compile-time arguments and ``num_warps`` shared by the three kernels. Eight warps: compiled offline
+    for sm_90 (Triton 3.6, ``benchmarks/triton_resources.py --kernel attention``), four spilled registers in
+    every 16-bit configuration at head_dim 64 (256 B a thread in the key-side backward with a bias table), eight
+    none there; not timed on a GPU."""
+    block = block or tile_size(dtype, head_dim)
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"block {block}: tiles are a power of two of at least 16 wide (tl.dot's smallest)")
+    query_blocks = triton.cdiv(length, block)
+    # band n holds distances ((n - 1)·B, (n + 1)·B): bands past the window see nothing
+    bands = query_blocks if window is None else min(query_blocks, triton.cdiv(window - 1, block) + 1)
+    return dict(
+        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK=block, BANDS=bands,
+        HAS_BIAS=has_bias, HAS_SCALE=has_scale, HAS_WINDOW=window is not None,
+        UPCAST=interpret and dtype != torch.float32,
+        INPUT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+        num_warps=8,
+    )
+
+
+def _settings(query: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None, window: int | None,
+              block: int | None) -> dict:
+    """:func:`launch_settings` for these inputs, on a device the kernels can run on."""
+    interpret = bool(triton.knobs.runtime.interpret)
+    if query.device.type != "cuda" and not interpret:
+        raise RuntimeError("attention_impl triton runs on CUDA, or on a CPU under TRITON_INTERPRET=1 "
+                           "(set before triton is imported)")
+    return launch_settings(query.dtype, query.shape[-1], query.shape[-2], bias is not None, scale is not None, window,
+                           block, interpret)
+
+
+def offline_requests(dtype: torch.dtype, head_dim: int, has_scale: bool, length: int = 512,
+                     window: int | None = None, num_warps: int | None = None) -> dict[str, dict]:
+    """Per kernel, the arguments of :func:`kerple.measure.triton_offline.compile_here` for a launch on a GPU
+    with a bias table (and a scale table when ``has_scale``)."""
+    element = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    constexprs = launch_settings(dtype, head_dim, length, True, has_scale, window)
+    warps = constexprs.pop("num_warps")
+    integers = dict.fromkeys(["heads", "length", "window"], "i32")
+    tables = dict.fromkeys(["BIAS", "SCALE", "LSE", "DELTA", "BIAS_OUT", "SCALE_OUT"], "*fp32")
+    signatures = {
+        "_forward": ["Q", "K", "V", "OUT"], "_backward_keys": ["Q", "K", "V", "DO", "DK", "DV"],
+        "_backward_queries": ["Q", "K", "V", "DO", "DQ"],
+    }
+    requests = {}
+    for name, tensors in signatures.items():
+        kernel = globals()[name]
+        signature = {**dict.fromkeys(tensors, f"*{element}"), **tables, **integers, "sm_scale": "fp32"}
+        signature = {param: signature[param] for param in kernel.arg_names if param not in constexprs}
+        requests[name] = {"kernel": f"{__name__}:{name}", "signature": signature, "constexprs": constexprs,
+                          "num_warps": num_warps or warps}
+    return requests
+
+
+def _shared(query: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None,
+            window: int | None) -> tuple:
+    """The run-time arguments after the tensors: the tables (``LSE``-typed stand-ins when absent: the
+    kernel never reads them), heads, length, window and ``1/√D``."""
+    stand_in = query.new_empty(1, dtype=torch.float32)
+    tables = tuple(stand_in if t is None else t for t in (bias, scale))
+    heads, length, head_dim = query.shape[1:]
+    return tables, (heads, length, window or length, head_dim**-0.5)
+
+
+def attention_forward(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None,
+    scale: torch.Tensor | None, window: int | None, block: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(output [b, H, L, D] in the inputs' dtype, lse [b, H, L] float32)`` of causal attention with logits
+    ``x · scale[h, i - j] + bias[h, i - j]``, for contiguous ``query``/``key``/``value`` ``[b, H, L, D]`` and
+    contiguous float32 tables ``[H, L]`` (either may be ``None``)."""
+    settings = _settings(query, bias, scale, window, block)
+    batch, heads, length, _ = query.shape
+    output = torch.empty_like(query)
+    lse = torch.empty(batch, heads, length, dtype=torch.float32, device=query.device)
+    tables, scalars = _shared(query, bias, scale, window)
+    grid = (triton.cdiv(length, settings["BLOCK"]), batch * heads)
+    _forward[grid](query, key, value, *tables, output, lse, *scalars, **settings)
+    return output, lse
+
+
+def attention_backward(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor, lse: torch.Tensor,
+    grad_output: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None, window: int | None,
+    block: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``(dq, dk, dv, dbias, dscale)`` of :func:`attention_forward` for ``grad_output`` (contiguous, like the
+    inputs); the table gradients are float32 ``[H, L]`` summed over the batch, ``None`` for an absent table."""
+    settings = _settings(query, bias, scale, window, block)
+    batch, heads, length, _ = query.shape
+    delta = (grad_output.float() * output.float()).sum(-1)  # rowsum(dO ∘ O) [b, H, L]
+    grads = [torch.empty_like(t) for t in (query, key, value)]
+    blocks = triton.cdiv(length, settings["BLOCK"])
+    partial_shape = (blocks, settings["BANDS"], batch * heads, 2 * settings["BLOCK"])
+    partials = [None if t is None else torch.zeros(partial_shape, dtype=torch.float32, device=query.device)
+                for t in (bias, scale)]
+    tables, scalars = _shared(query, bias, scale, window)
+    outs = tuple(delta if p is None else p for p in partials)  # stand-ins are never written
+    inputs = (query, key, value, grad_output, lse, delta, *tables)
+    _backward_keys[(blocks, batch * heads)](*inputs, grads[1], grads[2], *outs, *scalars, **settings)
+    _backward_queries[(blocks, batch * heads)](*inputs, grads[0], *scalars, **settings)
+    table_grads = [None if p is None else distance_sums_from_partials(p, heads, length) for p in partials]
+    return grads[0], grads[1], grads[2], table_grads[0], table_grads[1]

@@ -1,0 +1,167 @@
+"""``attention_impl: triton`` (:mod:`kerple.model.triton_attention`), run in Triton's CPU interpreter
+(``TRITON_INTERPRET=1``, set by ``tests/conftest.py`` without a GPU) or on CUDA.
+
+The reference is written here from the formula, not from the kernels: dense float64 attention whose logits
+are ``q·kᵀ/√D · scale[h, i - j] + bias[h, i - j]``, causal (and ``i - j < window``), softmax, ``@ v``,
+differentiated by autograd. Small shapes (2 x 2 heads x 37 tokens, tiles of 16: three query blocks, the last
+one partial): the interpreter runs every tile in numpy.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from kerple.model.triton_attention import fused_attention  # noqa: E402
+from model_helpers import VOCAB, tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.triton_kernel
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+BATCH, HEADS, LENGTH, BLOCK = 2, 2, 37, 16
+# bf16: the reference runs on the same bf16-rounded inputs in float64, so what differs is the kernels' own
+# roundings to bf16: the output O (and rowsum(dO ∘ O) computed from it), P before P·V and dS before dS·K on a
+# GPU, and dq/dk/dv when stored; each is half a bf16 ulp, 2^-9 ≈ 2e-3 relative. A few of them compound, so
+# 2e-2 of the largest entry; fp32 (no rounding but the order of sums) holds 1e-4.
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2 / 8}  # fp16: 3 more mantissa bits
+
+
+def _reference(query, key, value, bias, scale, window):  # type: ignore[no-untyped-def]
+    """Output ``[b, H, L, D]`` and log-sum-exp ``[b, H, L]``, float64, by the formula."""
+    length, dim = query.shape[-2:]
+    position = torch.arange(length)
+    distance = position[:, None] - position[None, :]  # [L, L]
+    visible = (distance >= 0) & (distance < (window or length))
+    index = distance.clamp(min=0)
+    logits = query @ key.transpose(-1, -2) / dim**0.5  # [b, H, L, L]
+    if scale is not None:
+        logits = logits * scale[:, index]
+    if bias is not None:
+        logits = logits + bias[:, index]
+    logits = logits.masked_fill(~visible, float("-inf"))
+    return torch.softmax(logits, -1) @ value, torch.logsumexp(logits, -1)
+
+
+def _inputs(head_dim: int, dtype: torch.dtype, tables: str, seed: int = 0) -> list[torch.Tensor | None]:
+    generator = torch.Generator().manual_seed(seed)
+    shape = (BATCH, HEADS, LENGTH, head_dim)
+    query, key, value, grad_output = (torch.randn(shape, generator=generator).to(dtype) for _ in range(4))
+    bias = -torch.rand(HEADS, LENGTH, generator=generator).cumsum(-1) / 4 if "bias" in tables else None
+    scale = 0.5 + torch.rand(HEADS, LENGTH, generator=generator) if "scale" in tables else None
+    return [query, key, value, grad_output, bias, scale]
+
+
+def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got.cpu().double() - expected).abs().max() / expected.abs().max()).item()
+
+
+def _errors(head_dim: int, dtype: torch.dtype, tables: str, window: int | None) -> dict[str, float]:
+    """Relative errors of the kernel's output, lse and every gradient against the reference."""
+    query, key, value, grad_output, bias, scale = _inputs(head_dim, dtype, tables)
+    names = ["dq", "dk", "dv", "dbias", "dscale"]
+    reference = [None if t is None else t.double().requires_grad_() for t in (query, key, value, bias, scale)]
+    expected, expected_lse = _reference(*reference, window)
+    expected_grads = torch.autograd.grad(expected, [t for t in reference if t is not None], grad_output.double())
+    moved = [None if t is None else t.to(DEVICE).requires_grad_() for t in (query, key, value, bias, scale)]
+    output, lse = fused_attention(*moved, window, BLOCK)
+    got_grads = torch.autograd.grad(output, [t for t in moved if t is not None], grad_output.to(DEVICE))
+    assert output.dtype == dtype and all(g.dtype == t.dtype for g, t in zip(got_grads, moved) if t is not None)
+    present = [name for name, t in zip(names, moved) if t is not None]
+    errors = {"output": _relative(output, expected.detach()), "lse": _relative(lse, expected_lse.detach())}
+    errors.update({name: _relative(g, e) for name, g, e in zip(present, got_grads, expected_grads)})
+    return errors
+
+
+@pytest.mark.parametrize("window", [None, 9])
+@pytest.mark.parametrize("tables", ["bias", "scale", "bias+scale"])
+def test_fp32_matches_the_formula(tables: str, window: int | None) -> None:
+    """Head dim 64; window 9 leaves the third query block's farthest key block unseen (two bands of three)."""
+    errors = _errors(64, torch.float32, tables, window)
+    assert max(errors.values()) < TOLERANCE[torch.float32], errors
+
+
+@pytest.mark.parametrize(("head_dim", "dtype", "tables", "window"), [
+    (128, torch.float32, "bias+scale", None), (128, torch.bfloat16, "bias+scale", 9), (128, torch.bfloat16, "bias", None),
+    (64, torch.bfloat16, "bias+scale", None), (64, torch.float16, "bias+scale", 9)])
+def test_head_dim_128_and_16_bit_inputs_match_the_formula(head_dim: int, dtype: torch.dtype, tables: str,
+                                                           window: int | None) -> None:
+    errors = _errors(head_dim, dtype, tables, window)
+    assert max(errors.values()) < TOLERANCE[dtype], errors
+
+
+def test_gradients_are_deterministic_and_compile_as_one_call() -> None:
+    """Two backward passes give the same bits (no atomics; meaningful on a GPU), and ``torch.compile`` traces
+    the custom ops whole (``fullgraph``: no graph break) to the same values."""
+    query, key, value, grad_output, bias, scale = _inputs(64, torch.float32, "bias+scale", seed=1)
+
+    def gradients(function):  # type: ignore[no-untyped-def]
+        leaves = [t.to(DEVICE).requires_grad_() for t in (query, key, value, bias, scale)]
+        output, _ = function(*leaves[:3], leaves[3], leaves[4], 9, BLOCK)
+        return [output, *torch.autograd.grad(output, leaves, grad_output.to(DEVICE))]
+
+    first, second = gradients(fused_attention), gradients(fused_attention)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    compiled = gradients(torch.compile(fused_attention, backend="aot_eager", fullgraph=True))
+    assert all(torch.equal(a, b) for a, b in zip(first, compiled))
+
+
+def test_no_table_is_plain_causal_attention() -> None:
+    """Neither table: the kernel is causal softmax attention, as PyTorch's own."""
+    query, key, value, *_ = _inputs(64, torch.float32, "")
+    output, _ = fused_attention(*(t.to(DEVICE) for t in (query, key, value)), None, None, None, BLOCK)
+    expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True)
+    torch.testing.assert_close(output.cpu(), expected, atol=1e-5, rtol=1e-5)
+
+
+def _one_step(name: str, impl: str, window: int | None) -> tuple[float, dict[str, torch.Tensor]]:
+    """The loss of one training step of a tiny 2-layer model and its parameters' gradients."""
+    model = tiny_model(name, impl=impl, window=window).to(DEVICE).train()
+    tokens = torch.randint(0, VOCAB, (2, 25), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    logits = model(tokens[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    return loss.item(), {key: p.grad.cpu() for key, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize(("name", "reference", "window"), [
+    ("kerple_log", "sdpa", None), ("kerple_log", "sdpa", 6), ("kerple_bias_wht", "eager", None)])
+def test_a_training_step_matches_the_other_kernels(name: str, reference: str, window: int | None) -> None:
+    """kerple_log (a bias table) against sdpa, kerple_bias_wht (a scale table too; sdpa cannot scale) against eager:
+    the same loss and the same gradients, the positional parameters' among them."""
+    loss, grads = _one_step(name, "triton", window)
+    expected_loss, expected = _one_step(name, reference, window)
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
+    positional = [key for key in expected if key.startswith("positional.")]
+    assert positional and all(expected[key].abs().max() > 0 for key in positional)
+    for key in expected:
+        torch.testing.assert_close(grads[key], expected[key], atol=1e-5, rtol=1e-4, msg=key)
+
+
+def test_refusals_and_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused on a CPU without Triton's interpreter and with attention dropout in training; ``auto`` never
+    chooses it (not yet timed on a GPU)."""
+    from kerple.model.attention import choose_implementation, unsupported_reason
+    from kerple.positional.base import PositionKind
+
+    assert unsupported_reason("triton", PositionKind.WEIGHT, "cuda", True) is None
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert "needs CUDA" in unsupported_reason("triton", PositionKind.BIAS, "cpu", True)
+    monkeypatch.undo()
+    choices = {choose_implementation(kind, device, training, length, window=window, compiled_layers=compiled,
+                                     learnable=True)
+               for kind in PositionKind for device in ("cpu", "cuda") for training in (False, True)
+               for length in (64, 1 << 16) for window in (None, 8) for compiled in (False, True)}
+    assert "triton" not in choices and {"eager", "sdpa", "flex"} <= choices
+    model = tiny_model("kerple_log", impl="triton", attention_dropout=0.1).train()
+    with pytest.raises(ValueError, match="set attention_dropout: 0"):
+        model(torch.zeros(1, 8, dtype=torch.long))
+
+
+def test_config_accepts_triton() -> None:
+    from kerple.config import load_config
+    from kerple.model import families
+
+    cfg = load_config([], {"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2, "vocab_size": 32,
+                           "seq_length": 16, "max_position_embeddings": 16, "pos_emb": "kerple_log",
+                           "attention_impl": "triton"})
+    assert families.build_model(cfg, flex_compile=False).attention_impl == "triton"
