@@ -58,19 +58,27 @@ def main(argv: list[str] | None = None) -> int:
         request["arch"] = args.arch
     print(f"bias-gradient kernel for sm_{args.arch}, compiled offline ({len(cases)} configurations); "
           "launched: what diagonal_partials launches\n")
-    print("| dtype | head_dim | tile | tables | warps | diagonal sums | launched | registers | spill stores / loads (B) "
-          "| shared (KiB) |")
-    print("|---|---:|---:|---|---:|---|---|---:|---:|---:|")
-    for (dtype, head_dim, scale, count, each), found in zip(cases, kernel_resources(requests)):
+    heads = []
+    for dtype, head_dim, scale, count, each in cases:
         tile = tile_size(DTYPES[dtype], head_dim)
         launched = count == warps(DTYPES[dtype], head_dim, scale) and each == GATHER_EACH_TILE
-        head = f"| {dtype} | {head_dim} | {tile} | {'bias, scale' if scale else 'bias'} | {count} | " \
-               f"{'per tile' if each else 'per program'} | {'yes' if launched else ''} |"
-        if found.error:
-            print(f"{head} did not compile: {found.error} | | |")
-        else:
-            print(f"{head} {found.registers} | {found.spill_stores} / {found.spill_loads} | {found.shared_bytes / 1024:g} |")
+        heads.append(f"| {dtype} | {head_dim} | {tile} | {'bias, scale' if scale else 'bias'} | {count} | "
+                     f"{'per tile' if each else 'per program'} | {'yes' if launched else ''} |")
+    _print_resources("diagonal sums", heads, kernel_resources(requests))
     return 0
+
+
+def _print_resources(sixth: str, heads: list[str], found: list) -> None:
+    """The table: each row's first seven cells (``heads``), then what compiling it used (``found``)."""
+    print(f"| dtype | head_dim | tile | tables | warps | {sixth} | launched | registers | spill stores / loads (B) "
+          "| shared (KiB) |")
+    print("|---|---:|---:|---|---:|---|---|---:|---:|---:|")
+    for head, resources in zip(heads, found):
+        if resources.error:
+            print(f"{head} did not compile: {resources.error} | | |")
+        else:
+            print(f"{head} {resources.registers} | {resources.spill_stores} / {resources.spill_loads} | "
+                  f"{resources.shared_bytes / 1024:g} |")
 
 
 def _attention(args: argparse.Namespace) -> int:
@@ -85,18 +93,13 @@ def _attention(args: argparse.Namespace) -> int:
         request["arch"] = args.arch
     print(f"attention_impl: triton for sm_{args.arch}, compiled offline ({len(rows)} kernels, 512 tokens); "
           "launched: the warps attention_forward/attention_backward launch\n")
-    print("| dtype | head_dim | tile | tables | warps | kernel | launched | registers | spill stores / loads (B) "
-          "| shared (KiB) |")
-    print("|---|---:|---:|---|---:|---|---|---:|---:|---:|")
-    for ((dtype, head_dim, scale, count), name, request), found in zip(rows, kernel_resources([r for *_, r in rows])):
+    heads = []
+    for (dtype, head_dim, scale, count), name, _ in rows:
         settings = launch_settings(DTYPES[dtype], head_dim, 512, True, scale, None)
         launched = "yes" if count == settings["num_warps"] else ""
-        head = f"| {dtype} | {head_dim} | {settings['BLOCK']} | {'bias, scale' if scale else 'bias'} | {count} | " \
-               f"{name} | {launched} |"
-        if found.error:
-            print(f"{head} did not compile: {found.error} | | |")
-        else:
-            print(f"{head} {found.registers} | {found.spill_stores} / {found.spill_loads} | {found.shared_bytes / 1024:g} |")
+        heads.append(f"| {dtype} | {head_dim} | {settings['BLOCK']} | {'bias, scale' if scale else 'bias'} | {count} | "
+                     f"{name} | {launched} |")
+    _print_resources("kernel", heads, kernel_resources([r for *_, r in rows]))
     return 0
 
 
