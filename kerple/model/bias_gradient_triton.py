@@ -140,6 +140,24 @@ def warps(dtype: torch.dtype, head_dim: int, scale: bool) -> int:
     return 4 if dtype == torch.float32 and scale and head_dim > 64 else 8
 
 
+def check_device(query: torch.Tensor, kernel: str) -> bool:
+    """Refuse a device ``kernel`` cannot run on: CUDA, or a CPU under Triton's interpreter; whether it interprets."""
+    interpret = bool(triton.knobs.runtime.interpret)
+    if query.device.type != "cuda" and not interpret:
+        raise RuntimeError(f"{kernel} runs on CUDA, or on a CPU under TRITON_INTERPRET=1 (set before triton is imported)")
+    return interpret
+
+
+def tile_layout(length: int, block: int, window: int | None) -> tuple[int, int]:
+    """``(query blocks, bands)`` of square ``block``-wide tiles over ``length`` positions: a tile of band ``n``
+    holds distances ``((n - 1)·B, (n + 1)·B)``, so bands past the window see nothing."""
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"block {block}: the tiles are 16, 32 or 64 wide (a power of two of at least 16: "
+                         "tl.dot's smallest; Triton 3.6 fails to compile 8 x 8 tiles for an H200)")
+    query_blocks = triton.cdiv(length, block)
+    return query_blocks, query_blocks if window is None else min(query_blocks, triton.cdiv(window - 1, block) + 1)
+
+
 def diagonal_partials(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, grad_output: torch.Tensor,
     lse: torch.Tensor, delta: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None,
@@ -150,18 +168,10 @@ def diagonal_partials(
     stride in ``d``, ``lse``/``delta`` ``[b, H, L]`` float32, tables ``[H, L]`` float32 contiguous. On CUDA
     tensors, or on CPU tensors when Triton was imported with ``TRITON_INTERPRET=1`` (its interpreter). The
     head dimension is padded to a power of two of at least 16 lanes (``tl.dot``'s smallest on NVIDIA GPUs)."""
-    interpret = triton.knobs.runtime.interpret
-    if query.device.type != "cuda" and not interpret:
-        raise RuntimeError("the Triton bias-gradient kernel runs on CUDA, or on a CPU under TRITON_INTERPRET=1 "
-                           "(set before triton is imported)")
+    interpret = check_device(query, "the Triton bias-gradient kernel")
     batch, heads, length, head_dim = query.shape
     block = block or tile_size(query.dtype, head_dim)
-    if block < 16 or block & (block - 1):
-        raise ValueError(f"block {block}: the tiles are 16, 32 or 64 wide (a power of two of at least 16: "
-                         "tl.dot's smallest; Triton 3.6 fails to compile 8 x 8 tiles for an H200)")
-    query_blocks = triton.cdiv(length, block)
-    # a tile of band n holds distances ((n - 1)·B, (n + 1)·B): bands past the window see nothing
-    bands = query_blocks if window is None else min(query_blocks, triton.cdiv(window - 1, block) + 1)
+    query_blocks, bands = tile_layout(length, block, window)
     chunk = min(CHUNK, query_blocks)
     shape = (triton.cdiv(query_blocks, chunk), bands, batch * heads, 2 * block)
     bias_out, scale_out = (None if table is None else torch.empty(shape, dtype=torch.float32, device=query.device)

@@ -34,7 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kerple.model.bias_gradient_triton import distance_sums_from_partials, tile_diagonal_sums
+from kerple.model.bias_gradient_triton import (check_device, distance_sums_from_partials, tile_diagonal_sums,
+                                                tile_layout)
 
 MASKED = tl.constexpr(-1.0e30)  # a finite "minus infinity": a row with no visible key yet keeps exp() finite
 
@@ -215,11 +216,7 @@ def launch_settings(dtype: torch.dtype, head_dim: int, length: int, has_bias: bo
     every 16-bit configuration at head_dim 64 (256 B a thread in the key-side backward with a bias table), eight
     none there; not timed on a GPU."""
     block = block or tile_size(dtype, head_dim)
-    if block < 16 or block & (block - 1):
-        raise ValueError(f"block {block}: tiles are a power of two of at least 16 wide (tl.dot's smallest)")
-    query_blocks = triton.cdiv(length, block)
-    # band n holds distances ((n - 1)·B, (n + 1)·B): bands past the window see nothing
-    bands = query_blocks if window is None else min(query_blocks, triton.cdiv(window - 1, block) + 1)
+    _, bands = tile_layout(length, block, window)
     return dict(
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK=block, BANDS=bands,
         HAS_BIAS=has_bias, HAS_SCALE=has_scale, HAS_WINDOW=window is not None,
@@ -232,10 +229,7 @@ def launch_settings(dtype: torch.dtype, head_dim: int, length: int, has_bias: bo
 def _settings(query: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None, window: int | None,
               block: int | None) -> dict:
     """:func:`launch_settings` for these inputs, on a device the kernels can run on."""
-    interpret = bool(triton.knobs.runtime.interpret)
-    if query.device.type != "cuda" and not interpret:
-        raise RuntimeError("attention_impl triton runs on CUDA, or on a CPU under TRITON_INTERPRET=1 "
-                           "(set before triton is imported)")
+    interpret = check_device(query, "attention_impl triton")
     return launch_settings(query.dtype, query.shape[-1], query.shape[-2], bias is not None, scale is not None, window,
                            block, interpret)
 
