@@ -1,9 +1,13 @@
 """Where training metrics go: console lines, a JSONL file, TensorBoard and W&B (rank 0 only).
 
-* console: one line every ``log_interval`` steps with loss, lr, tokens/s, step time, ETA and, for
-  learnable positional embeddings, the ``metrics()`` statistics (the reference logs the KERPLE
-  parameters every step, docs/reference-format.md §2);
+* console: one line every ``log_interval`` steps with the interval's mean loss (as GPT-NeoX,
+  :mod:`kerple.training.interval`), lr, tokens/s, step time, ETA, the fp16 loss scale, the skipped
+  steps and, for learnable positional embeddings, the ``metrics()`` statistics (the reference logs
+  the KERPLE parameters every step, docs/reference-format.md §2);
 * ``<log_dir>/metrics.jsonl``: every logged record, one JSON object per line, appended on resume;
+  ``train/lm_loss`` is the loss of the record's own step (GPT-NeoX's TensorBoard ``train/lm_loss``),
+  ``train/lm_loss_interval_mean`` the console's mean over the ``train/interval_steps`` steps since the
+  previous record (less ``train/interval_skipped_steps``);
 * TensorBoard (``torch.utils.tensorboard``) under ``tensorboard_dir`` when set;
 * W&B when ``use_wandb`` is true; ``WANDB_MODE=offline`` (the default here) needs no network.
 """
@@ -99,14 +103,27 @@ class Monitor:
             self._wandb = None
 
 
+def loss_scale(engine: Any) -> float | None:
+    """The fp16 loss scale of DeepSpeed's optimizer (its ``loss_scale``: fp16 and ZeRO optimizers alike),
+    ``None`` where the optimizer scales no loss."""
+    value = getattr(engine.optimizer, "loss_scale", None)
+    return None if value is None else float(value)
+
+
 def progress_line(
-    *, step: int, total: int, loss: float, lr: float, tokens_per_s: float, step_time: float,
+    *, step: int, total: int, loss: float | None, lr: float, tokens_per_s: float, step_time: float,
     eta: float, skipped: int, grad_norm: float | None, positional: dict[str, float],
+    interval_skipped: int = 0, interval_nan: int = 0, loss_scale: float | None = None,
 ) -> str:
-    """One console line; positional statistics are summarised as ``name mean[min,max]``."""
+    """One console line; positional statistics are summarised as ``name mean[min,max]``.
+
+    ``loss`` is the interval's mean (``None``: every step of it was skipped); ``interval_skipped`` and
+    ``interval_nan`` are GPT-NeoX's "number of skipped/nan iterations" since the last line, ``skipped``
+    the run's total; ``loss_scale`` is printed for fp16, as GPT-NeoX does.
+    """
     parts = [
         f"step {step:>6}/{total}",
-        f"loss {loss:.6f}",
+        f"loss {loss:.6f}" if loss is not None else "loss - (every step skipped)",
         f"lr {lr:.4e}",
         f"{tokens_per_s:,.0f} tok/s",
         f"{step_time * 1000:.0f} ms/step",
@@ -114,8 +131,12 @@ def progress_line(
     ]
     if grad_norm is not None and math.isfinite(grad_norm):
         parts.append(f"grad-norm {grad_norm:.3f}")
-    if skipped:
-        parts.append(f"skipped {skipped}")
+    if loss_scale is not None:
+        parts.append(f"loss-scale {loss_scale:g}")
+    if skipped or interval_skipped:
+        parts.append(f"skipped {interval_skipped} ({skipped} in all)")
+    if interval_nan:
+        parts.append(f"nan {interval_nan}")
     names = sorted({key.rsplit("/", 1)[0] for key in positional})
     for name in names:
         mean, low, high = (positional.get(f"{name}/{s}") for s in ("mean", "min", "max"))

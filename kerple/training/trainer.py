@@ -52,9 +52,10 @@ from kerple.training.ds_config import optimizer_steps_itself
 from kerple.training.engine import build_rank_model, build_stages, gathered, initialize_engine
 from kerple.training.errors import FP16_NEEDS_CUDA, TrainingDivergedError, TrainingError
 from kerple.training.gradient_check import check_positional_gradients
+from kerple.training.interval import LossInterval
 from kerple.training.lock import SaveLock
 from kerple.training.memory import check_training_memory
-from kerple.training.monitor import Monitor, progress_line
+from kerple.training.monitor import Monitor, loss_scale, progress_line
 from kerple.training.optimizer import build_master_adamw, build_optimizer
 from kerple.training.resume import load_weights, prepare_resume, restore_run_state
 from kerple.training.schedule import AnnealingLR
@@ -366,25 +367,34 @@ class Trainer:
         tokens_per_step = self.micro * self.accumulation * self.parallel.data_parallel_size * int(cfg.model.seq_length)
         previous = self._install_signal_handlers()
         last_saved = None
+        interval = LossInterval()  # the console's loss: the interval's mean (kerple.training.interval)
         try:
             window_start, window_steps, elapsed_total, steps_total = time.perf_counter(), 0, 0.0, 0
             while self.iteration < self.train_iters:
                 lr = self.optimizer.param_groups[0]["lr"]
                 step_start = time.perf_counter()
+                skipped_before = self.skipped_steps
                 loss = self.train_step()
                 self.pending_losses.append((self.iteration, loss))
+                if self.skipped_steps > skipped_before:  # a host count DeepSpeed keeps: no wait
+                    interval.mark_skipped(self.iteration)
                 on_interval = self.iteration % log_interval == 0 or self.iteration == self.train_iters
                 stop = self._stop_vote(self._stop_signal is not None)
                 saving = stop or self.iteration % save_interval == 0
                 if on_interval or saving or steps_total == 0:  # the host waits for the device only here
-                    result.losses += self.read_losses()
+                    read = self.read_losses()
+                    result.losses += read
+                    interval.add(read)
                 step_time = time.perf_counter() - step_start
                 elapsed_total, steps_total = elapsed_total + step_time, steps_total + 1
                 window_steps += 1
                 if on_interval or steps_total == 1:  # a first line at once: the user sees the run is alive
                     window = (time.perf_counter() - window_start) / window_steps
-                    self._log_progress(result.losses[-1][1], lr, tokens_per_step, window, elapsed_total / steps_total, on_interval)
+                    self._log_progress(interval, result.losses[-1][1], lr, tokens_per_step, window,
+                                       elapsed_total / steps_total, on_interval)
                     window_start, window_steps = time.perf_counter(), 0
+                    if on_interval:  # the first line's step stays in its interval, as GPT-NeoX averages it
+                        interval.reset()
                 if eval_interval and self.iteration % eval_interval == 0:
                     self._run_eval(result)
                 if saving:
@@ -416,27 +426,41 @@ class Trainer:
         self.monitor.print(f"validation at step {self.iteration}: lm_loss {value:.6f} | ppl {ppl:.3f}")
         self.monitor.record(self.iteration, {"lm_loss": value, "lm_loss_ppl": ppl}, "validation")
 
-    def _log_progress(self, loss: float, lr: float, tokens_per_step: int, step_time: float, mean_time: float,
-                      record: bool = True) -> None:
-        """The console line; with ``record``, also the metrics (every ``log_interval`` steps, as GPT-NeoX)."""
+    def _log_progress(self, interval: LossInterval, step_loss: float, lr: float, tokens_per_step: int,
+                      step_time: float, mean_time: float, record: bool = True) -> None:
+        """The console line; with ``record``, also the metrics (every ``log_interval`` steps, as GPT-NeoX).
+
+        The line's loss is ``interval``'s mean, as GPT-NeoX prints it; a record keeps both that mean
+        (``lm_loss_interval_mean``, over ``interval_steps`` steps less the skipped ones) and its own
+        step's loss (``lm_loss``, as GPT-NeoX's TensorBoard ``train/lm_loss`` at that step).
+        """
         with gathered(self.model.positional_parameters(), self.zero3):
             positional = self.model.positional_metrics()
         grad_norm = self.engine.get_global_grad_norm()
         grad_norm = float(grad_norm) if grad_norm is not None else None
+        scale = loss_scale(self.engine) if self.precision == "fp16" else None
         tokens_per_s = tokens_per_step / step_time if step_time > 0 else float("nan")
         eta = mean_time * (self.train_iters - self.iteration)
+        mean_loss = interval.mean()
         self.monitor.print(
             progress_line(
-                step=self.iteration, total=self.train_iters, loss=loss, lr=lr, tokens_per_s=tokens_per_s,
+                step=self.iteration, total=self.train_iters, loss=mean_loss, lr=lr, tokens_per_s=tokens_per_s,
                 step_time=step_time, eta=eta, skipped=self.skipped_steps, grad_norm=grad_norm,
-                positional=positional,
+                positional=positional, interval_skipped=interval.skipped, interval_nan=interval.nan_skipped,
+                loss_scale=scale,
             )
         )
-        metrics = {"lm_loss": loss, "learning_rate": lr, "tokens_per_s": tokens_per_s, "step_time_s": step_time,
+        metrics = {"lm_loss": step_loss, "learning_rate": lr, "tokens_per_s": tokens_per_s, "step_time_s": step_time,
                    "skipped_steps": float(self.skipped_steps),
-                   "consumed_samples": float(self.consumed_train_samples)}
+                   "consumed_samples": float(self.consumed_train_samples),
+                   "interval_steps": float(interval.steps), "interval_skipped_steps": float(interval.skipped),
+                   "interval_nan_steps": float(interval.nan_skipped)}
+        if mean_loss is not None:
+            metrics["lm_loss_interval_mean"] = mean_loss
         if grad_norm is not None:
             metrics["grad_norm"] = grad_norm
+        if scale is not None:
+            metrics["loss_scale"] = scale
         metrics.update({f"positional/{k}": v for k, v in positional.items()})
         if record:
             self.monitor.record(self.iteration, metrics, "train")

@@ -20,7 +20,7 @@ def parallel():
     yield from single_process_group()
 
 
-def test_overflow_skips_a_step_and_is_counted(parallel, tmp_path: Path) -> None:
+def test_overflow_skips_a_step_and_is_counted(parallel, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     corpus = write_corpus(tmp_path / "corpus")
     micro_batch, seq = 4, 32
     power = overflow_scale_power(micro_batch * seq)  # 24
@@ -38,3 +38,8 @@ def test_overflow_skips_a_step_and_is_counted(parallel, tmp_path: Path) -> None:
     assert result.skipped_steps <= power - 14, "the scaler did not recover by 2^14"
     assert all(math.isfinite(loss) for _, loss in result.losses)
     assert torch.cuda.is_available()
+    # GPT-NeoX's log line: the skipped step is left out of the mean (step 1's line has none), counted for
+    # its interval, and every line gives the loss scale
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert "loss - (every step skipped)" in lines[0] and "| skipped 1 (1 in all)" in lines[0]
+    assert all("| loss-scale " in line for line in lines)
