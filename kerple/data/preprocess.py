@@ -40,7 +40,7 @@ from kerple.progress import progress_bar
 from kerple.data.gpt2_dataset import split_boundaries
 from kerple.data.fetch import ensure_standard_tokenizer, write_atomic
 from kerple.data.indexed_dataset import IndexedDatasetWriter, MMapIndexedDataset, best_fitting_dtype, dataset_exists
-from kerple.data.readers import ReadStats, iter_input_files
+from kerple.data.readers import ReadStats, is_jsonl, iter_input_files
 from kerple.data.sources import SOURCES, Corpus, SourceContext, get_source
 from kerple.data.tokenizers import MIN_BPE_VOCAB, HFTokenizer, Tokenizer, build_tokenizer, train_bpe_tokenizer
 
@@ -350,7 +350,10 @@ def parser() -> argparse.ArgumentParser:
                      help="python: read the .py files under DIR instead of this interpreter's (repeatable)")
     cli.add_argument("--input", help="comma-separated local files: .jsonl/.txt, optionally .gz/.xz/.bz2/.zst")
     cli.add_argument("--output-prefix", help="with --input: writes <prefix>_<key>_document.{bin,idx}")
-    cli.add_argument("--jsonl-keys", default="text", help="JSON field holding the text (default: text)")
+    cli.add_argument("--jsonl-keys", nargs="+", default=["text"], metavar="KEY",
+                     help="with --input: the JSON fields to tokenize, each into its own "
+                          "<prefix>_<key>_document.{bin,idx} (GPT-NeoX's form: --jsonl-keys text title; "
+                          "default: text)")
     cli.add_argument("--quiet", action="store_true", help="no progress bar")
     cli.add_argument("--max-invalid-bytes", type=float, default=MAX_INVALID_SHARE, metavar="SHARE",
                      help=f"refuse input whose share of bytes that are not UTF-8 exceeds this (default {MAX_INVALID_SHARE})")
@@ -406,53 +409,92 @@ def _repaired(documents: Iterator[str], repair: Callable[[str], str] | None) -> 
     return documents if repair is None else (repair(document) for document in documents)
 
 
-def run(argv: list[str] | None = None) -> PrepareResult | dict[str, Any]:
-    """Parse ``argv`` and prepare the dataset; returns the run's result (or the earlier info)."""
+def jsonl_keys(values: list[str]) -> list[str]:
+    """``--jsonl-keys``' fields in order: GPT-NeoX's space-separated form, or comma-separated."""
+    keys = [key for value in values for key in value.split(",") if key]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise DataError(f"--jsonl-keys {' '.join(values)}: {', '.join(repeated)} given twice; name each field once")
+    if not keys:
+        raise DataError("--jsonl-keys: name at least one JSON field, e.g. --jsonl-keys text")
+    return keys
+
+
+Prepared = PrepareResult | dict[str, Any]
+
+
+def run(argv: list[str] | None = None) -> Prepared | list[Prepared]:
+    """Parse ``argv`` and prepare the dataset; returns the run's result (or the earlier info), one per
+    key for ``--input`` with several ``--jsonl-keys``."""
     args = parser().parse_args(argv)
     data_dir = Path(args.data_dir)
     check_options(args)
     if args.input:
-        keys = [key for key in args.jsonl_keys.split(",") if key]
-        if len(keys) != 1:
-            raise DataError(f"--jsonl-keys {args.jsonl_keys!r}: give one key per run")
-        paths = [path.strip() for path in args.input.split(",") if path.strip()]
-        repair = _ftfy_repair() if args.ftfy else None
-        corpus = Corpus({"all": lambda stats: _repaired(iter_input_files(paths, keys[0], stats), repair)})
-        for path in paths:
-            if not Path(path).is_file():
-                what = "is a folder; --input takes files (list them, comma-separated)" if Path(path).is_dir() else "input file not found"
-                raise DataError(f"{path}: {what}")
-        prefix, default_type = f"{args.output_prefix}_{keys[0]}_document", "HFTokenizer"
-        source = context = None
-        check_output_folder(Path(prefix).parent, f"--output-prefix {args.output_prefix}: the folder")
-    else:
-        source = get_source(args.dataset)
-        if args.root and source.name != "python":
-            raise DataError(f"--root is for the python source; {source.name} reads its own files")
-        if args.url and not source.online:
-            raise DataError(f"--url is for the online datasets; {source.name} is built from local files")
-        if args.limit is not None and source.online:
-            raise DataError(f"--limit applies to the local sources ({', '.join(LOCAL_SOURCES)}); "
-                            f"{source.name} is prepared whole")
-        prefix = str(data_dir / source.name / f"{source.name}_text_document")
-        check_output_folder(Path(prefix).parent, f"-d/--data-dir {data_dir}: the folder")
-        default_type = source.default_tokenizer
-        context = SourceContext(data_dir, data_dir / ".cache", args.split, tuple(args.url), args.limit,
-                                tuple(Path(root) for root in args.root))
-        corpus = None
+        return _run_input(args, data_dir)
+    source = get_source(args.dataset)
+    if args.root and source.name != "python":
+        raise DataError(f"--root is for the python source; {source.name} reads its own files")
+    if args.url and not source.online:
+        raise DataError(f"--url is for the online datasets; {source.name} is built from local files")
+    if args.limit is not None and source.online:
+        raise DataError(f"--limit applies to the local sources ({', '.join(LOCAL_SOURCES)}); "
+                        f"{source.name} is prepared whole")
+    prefix = str(data_dir / source.name / f"{source.name}_text_document")
+    check_output_folder(Path(prefix).parent, f"-d/--data-dir {data_dir}: the folder")
+    context = SourceContext(data_dir, data_dir / ".cache", args.split, tuple(args.url), args.limit,
+                            tuple(Path(root) for root in args.root))
     if args.train_tokenizer is not None:
-        return _with_trained_tokenizer(args, prefix, corpus, source, context)
-    tokenizer = resolve_tokenizer(args, data_dir, default_type)
+        return _with_trained_tokenizer(args, prefix, None, source, context)
+    tokenizer = resolve_tokenizer(args, data_dir, source.default_tokenizer)
     previous = None if args.force else already_prepared(prefix, tokenizer, args)
-    if previous is not None:
-        return previous
-    if corpus is None:
-        corpus = source.build(context)
-    return _tokenize(args, corpus, tokenizer, prefix)
+    return previous if previous is not None else _tokenize(args, source.build(context), tokenizer, prefix)
+
+
+def _run_input(args: argparse.Namespace, data_dir: Path) -> Prepared | list[Prepared]:
+    """``--input``: each ``--jsonl-keys`` field of the files into ``<prefix>_<key>_document``, as GPT-NeoX's
+    preprocess_data names them. The first key's pass also checks that every line holds every key, so a
+    missing field stops the run before anything is written; each finished key is a complete dataset,
+    kept (and not redone) if a later key fails."""
+    keys = jsonl_keys(args.jsonl_keys)
+    paths = [path.strip() for path in args.input.split(",") if path.strip()]
+    for path in paths:
+        if not Path(path).is_file():
+            what = "is a folder; --input takes files (list them, comma-separated)" if Path(path).is_dir() else "input file not found"
+            raise DataError(f"{path}: {what}")
+        if len(keys) > 1 and not is_jsonl(path):
+            raise DataError(f"{path}: not JSON lines; several --jsonl-keys ({' '.join(keys)}) read fields of "
+                            ".jsonl/.json/.ndjson files only: prepare plain text in a run of its own")
+    if len(keys) > 1 and args.train_tokenizer is not None:
+        raise DataError(f"--train-tokenizer with several --jsonl-keys ({' '.join(keys)}): train it in a run with "
+                        "one key, then give the file to this run with --vocab-file")
+    check_output_folder(Path(args.output_prefix).parent, f"--output-prefix {args.output_prefix}: the folder")
+    repair = _ftfy_repair() if args.ftfy else None
+
+    def corpus(key: str, also: tuple[str, ...]) -> Corpus:
+        return Corpus({"all": lambda stats: _repaired(iter_input_files(paths, key, stats, also), repair)})
+
+    prefixes = {key: f"{args.output_prefix}_{key}_document" for key in keys}
+    if args.train_tokenizer is not None:
+        return _with_trained_tokenizer(args, prefixes[keys[0]], corpus(keys[0], ()), None, None)
+    tokenizer = resolve_tokenizer(args, data_dir, "HFTokenizer")
+    results: list[Prepared] = []
+    for number, key in enumerate(keys):
+        previous = None if args.force else already_prepared(prefixes[key], tokenizer, args)
+        if previous is not None:
+            results.append(previous)
+            continue
+        try:
+            results.append(_tokenize(args, corpus(key, tuple(keys) if number == 0 else ()), tokenizer, prefixes[key]))
+        except DataError as error:
+            if number == 0:
+                raise
+            raise DataError(f"{error} (written: {', '.join(prefixes[k] for k in keys[:number])}; they are kept and "
+                            "a run with the same options goes on from this key)") from error
+    return results[0] if len(results) == 1 else results
 
 
 def _with_trained_tokenizer(args: argparse.Namespace, prefix: str, corpus: Corpus | None, source: Any,
-                            context: Any) -> PrepareResult | dict[str, Any]:
+                            context: Any) -> Prepared:
     """``--train-tokenizer``: a dataset already prepared with the tokenizer file is kept as it is (no
     training again); otherwise a BPE is trained on the train part and the corpus tokenized with it.
     The tokenizer file is kept only with its dataset: a run that fails or is stopped leaves the file

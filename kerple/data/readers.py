@@ -161,8 +161,9 @@ def is_jsonl(path: str | Path) -> bool:
     return name.endswith((".jsonl", ".ndjson", ".json"))
 
 
-def iter_jsonl(path: str | Path, key: str, stats: ReadStats) -> Iterator[str]:
-    """The ``key`` field of each JSON line of a (compressed) file, streamed."""
+def iter_jsonl(path: str | Path, key: str, stats: ReadStats, also: Sequence[str] = ()) -> Iterator[str]:
+    """The ``key`` field of each JSON line of a (compressed) file, streamed; every line must also hold
+    the string fields ``also`` (the other keys of a run that reads several, checked in its first pass)."""
     with reading(path), open_binary(path) as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -173,13 +174,13 @@ def iter_jsonl(path: str | Path, key: str, stats: ReadStats) -> Iterator[str]:
                 record = json.loads(text)
             except json.JSONDecodeError as error:
                 raise DataError(f"{path}:{line_number}: not valid JSON ({error.msg})") from error
-            if not isinstance(record, dict) or key not in record:
-                raise DataError(f"{path}:{line_number}: no {key!r} field (use --jsonl-keys)")
-            value = record[key]
-            if not isinstance(value, str):
-                raise DataError(f"{path}:{line_number}: field {key!r} is not a string")
+            for field in (key, *also):
+                if not isinstance(record, dict) or field not in record:
+                    raise DataError(f"{path}:{line_number}: no {field!r} field (use --jsonl-keys)")
+                if not isinstance(record[field], str):
+                    raise DataError(f"{path}:{line_number}: field {field!r} is not a string")
             stats.documents += 1
-            yield value
+            yield record[key]
 
 
 def _count_replacements(stats: ReadStats, path: str | Path, replaced: int) -> None:
@@ -197,8 +198,10 @@ def read_text_document(path: str | Path, stats: ReadStats) -> str:
     return text
 
 
-def iter_input_files(paths: Sequence[str | Path], jsonl_key: str, stats: ReadStats) -> Iterator[str]:
-    """Documents of user input files in order: one per JSON line, or one per plain text file.
+def iter_input_files(paths: Sequence[str | Path], jsonl_key: str, stats: ReadStats,
+                     also: Sequence[str] = ()) -> Iterator[str]:
+    """Documents of user input files in order: one per JSON line (its ``jsonl_key`` field; the fields
+    ``also`` must be there too), or one per plain text file.
 
     Every path is checked before reading starts, so a typo fails before any work is done.
     """
@@ -208,6 +211,6 @@ def iter_input_files(paths: Sequence[str | Path], jsonl_key: str, stats: ReadSta
     for path in paths:
         stats.files += 1
         if is_jsonl(path):
-            yield from iter_jsonl(path, jsonl_key, stats)
+            yield from iter_jsonl(path, jsonl_key, stats, also)
         else:
             yield read_text_document(path, stats)

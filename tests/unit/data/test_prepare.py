@@ -386,3 +386,52 @@ def test_piped_progress_prints_plain_lines(tmp_path: Path, monkeypatch: pytest.M
     assert [line.split(": ")[1].split(" ")[0] for line in lines] == ["0", "50", "100", "150", "200"]
     tokens = sum(len(f"row {i}") + 1 for i in range(200))  # characters plus one EOD per document
     assert f"{tokens:,} tokens" in lines[-1] and "tok/s" in lines[-1]
+
+
+def test_several_jsonl_keys_write_one_dataset_per_key(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """GPT-NeoX's ``--jsonl-keys text title`` (space-separated) writes ``<prefix>_text_document`` and
+    ``<prefix>_title_document``, each holding that field alone: with the character-level tokenizer a
+    document is the field's UTF-8 bytes and EOD 0; an empty field is no document. Each key's files are
+    byte for byte those of a run with that key alone, and the comma-separated form gives the same."""
+    rows = [{"text": "first body", "title": "A", "id": 1}, {"text": "second", "title": ""},
+            {"text": "caf\u00e9 three", "title": "Third \u00e9"}]
+    (tmp_path / "t.jsonl").write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    common = ["--input", str(tmp_path / "t.jsonl"), "-t", "CharLevelTokenizer", "--quiet"]
+    results = preprocess.run([*common, "--output-prefix", str(tmp_path / "both/n"), "--jsonl-keys", "text", "title"])
+    assert [result.prefix for result in results] == [str(tmp_path / "both/n_text_document"),
+                                                     str(tmp_path / "both/n_title_document")]
+    for key in ("text", "title"):
+        expected = [list(row[key].encode()) + [0] for row in rows if row[key]]
+        assert [document.tolist() for document in MMapIndexedDataset(tmp_path / f"both/n_{key}_document")] == expected
+        preprocess.run([*common, "--output-prefix", str(tmp_path / f"{key}/n"), "--jsonl-keys", key])
+        for suffix in (".bin", ".idx"):
+            assert (tmp_path / f"both/n_{key}_document{suffix}").read_bytes() == \
+                (tmp_path / f"{key}/n_{key}_document{suffix}").read_bytes()
+    preprocess.run([*common, "--output-prefix", str(tmp_path / "comma/n"), "--jsonl-keys", "title,text"])
+    for key in ("text", "title"):
+        assert (tmp_path / f"comma/n_{key}_document.bin").read_bytes() == \
+            (tmp_path / f"both/n_{key}_document.bin").read_bytes()
+    capsys.readouterr()
+    again = preprocess.run([*common, "--output-prefix", str(tmp_path / "both/n"), "--jsonl-keys", "text", "title"])
+    assert [info["prefix"] for info in again] == [result.prefix for result in results]  # kept, not redone
+    assert capsys.readouterr().out.count("already prepared") == 2
+
+
+def test_several_jsonl_keys_refuse_what_they_cannot_do(tmp_path: Path) -> None:
+    """A field missing from a later line stops the run in the first key's pass, before any file is
+    written; a repeated key, plain text input and a tokenizer to train are refused up front."""
+    (tmp_path / "t.jsonl").write_text(json.dumps({"text": "a", "title": "b"}) + "\n" + json.dumps({"text": "c"}) + "\n")
+    (tmp_path / "p.txt").write_text("plain\n")
+    out = tmp_path / "out"
+    common = ["--output-prefix", str(out / "n"), "-t", "CharLevelTokenizer", "--quiet"]
+    with pytest.raises(DataError, match=r"t\.jsonl:2: no 'title' field"):
+        preprocess.run(["--input", str(tmp_path / "t.jsonl"), *common, "--jsonl-keys", "text", "title"])
+    assert not out.exists() or list(out.iterdir()) == []
+    with pytest.raises(DataError, match="text given twice"):
+        preprocess.run(["--input", str(tmp_path / "t.jsonl"), *common, "--jsonl-keys", "text", "title,text"])
+    with pytest.raises(DataError, match=r"p\.txt: not JSON lines; several --jsonl-keys \(text title\)"):
+        preprocess.run(["--input", f"{tmp_path / 't.jsonl'},{tmp_path / 'p.txt'}", *common, "--jsonl-keys", "text", "title"])
+    with pytest.raises(DataError, match="--train-tokenizer with several --jsonl-keys"):
+        preprocess.run(["--input", str(tmp_path / "t.jsonl"), "--output-prefix", str(out / "n"), "--quiet",
+                        "--train-tokenizer", "300", "--jsonl-keys", "text", "title"])
+    assert not out.exists() or list(out.iterdir()) == []
