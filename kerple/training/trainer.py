@@ -373,11 +373,7 @@ class Trainer:
             while self.iteration < self.train_iters:
                 lr = self.optimizer.param_groups[0]["lr"]
                 step_start = time.perf_counter()
-                skipped_before = self.skipped_steps
-                loss = self.train_step()
-                self.pending_losses.append((self.iteration, loss))
-                if self.skipped_steps > skipped_before:  # a host count DeepSpeed keeps: no wait
-                    interval.mark_skipped(self.iteration)
+                self._take_step(interval)
                 on_interval = self.iteration % log_interval == 0 or self.iteration == self.train_iters
                 stop = self._stop_vote(self._stop_signal is not None)
                 saving = stop or self.iteration % save_interval == 0
@@ -416,6 +412,15 @@ class Trainer:
         result.skipped_steps = self.skipped_steps
         result.last_checkpoint = last_saved
         return result
+
+    def _take_step(self, interval: LossInterval) -> None:
+        """One :meth:`train_step`; its loss waits on the device for :meth:`read_losses`, and a step the fp16
+        loss scaler skipped (a count DeepSpeed keeps on the host: no wait) is marked in ``interval``."""
+        skipped_before = self.skipped_steps
+        loss = self.train_step()
+        self.pending_losses.append((self.iteration, loss))
+        if self.skipped_steps > skipped_before:
+            interval.mark_skipped(self.iteration)
 
     def _run_eval(self, result: TrainResult) -> None:
         value = self.evaluate()
