@@ -385,6 +385,9 @@ def check_options(args: argparse.Namespace) -> None:
         if args.limit is not None or args.root or args.url:
             raise DataError("--limit, --root and --url apply to named datasets; with --input, list the files to use")
         return
+    if args.jsonl_keys != ["text"]:  # nargs="+" also swallows a dataset name written after the keys
+        raise DataError(f"--jsonl-keys {' '.join(args.jsonl_keys)}: picks fields of the files given with --input; "
+                        "a named dataset is read as its source gives it: drop --jsonl-keys")
     if args.ftfy:
         raise DataError(f"--ftfy applies to your files given with --input (as in GPT-NeoX); {args.dataset} is "
                         "prepared as its source gives it: drop --ftfy")

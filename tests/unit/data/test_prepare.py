@@ -317,6 +317,7 @@ def test_output_prefix_that_cannot_be_written_is_refused_first(tmp_path: Path, c
     (["stdlib", "--train-tokenizer", "256"], "--train-tokenizer 256: a byte-level BPE needs at least 257 ids"),
     (["stdlib", "--output-prefix", "mine/x"], "--output-prefix applies only with --input; a named dataset (stdlib)"),
     (["stdlib", "--input", "t.txt", "--output-prefix", "o/x"], "give no dataset name (stdlib) with it"),
+    (["--jsonl-keys", "title", "stdlib"], "--jsonl-keys title stdlib: picks fields of the files given with --input"),
 ])
 def test_options_that_would_be_ignored_or_misread_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture,
                                                                monkeypatch: pytest.MonkeyPatch, argv: list[str],
