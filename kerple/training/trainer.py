@@ -388,8 +388,8 @@ class Trainer:
                     window = (time.perf_counter() - window_start) / window_steps
                     self._log_progress(interval, result.losses[-1][1], lr, tokens_per_step, window,
                                        elapsed_total / steps_total, on_interval)
-                    window_start, window_steps = time.perf_counter(), 0
-                    if on_interval:  # the first line's step stays in its interval, as GPT-NeoX averages it
+                    if on_interval:  # the first line's step stays in its interval, as GPT-NeoX times and averages it
+                        window_start, window_steps = time.perf_counter(), 0
                         interval.reset()
                 if eval_interval and self.iteration % eval_interval == 0:
                     self._run_eval(result)

@@ -164,3 +164,34 @@ def test_the_training_loop_reads_the_device_only_at_log_steps(parallel, corpus: 
             trainer.close()
         counts.append(count_host_work(prof.events(), steps=1).syncs)
     assert counts[0] == counts[1], counts
+
+
+def test_the_first_interval_is_timed_from_its_first_step(parallel, corpus: Path, tmp_path: Path,  # noqa: F811
+                                                         capsys: pytest.CaptureFixture) -> None:
+    """GPT-NeoX's "elapsed time per iteration" is the time since the previous line over the steps in it;
+    the first step's own line (kerple's, printed at once) does not start a new interval, so a first step
+    held up for a second (a stand-in for compilation) shows in the step-5 line's time: at least 1000 ms / 5.
+    The step-10 line's interval does not hold it."""
+    import time
+
+    logs = tmp_path / "logs"
+    cfg = tiny_config(corpus, train_iters=10, log_interval=5, log_dir=str(logs)).resolve_batch(1)
+    trainer = Trainer(cfg, parallel)
+    original_step = trainer.train_step
+
+    def slow_first_step() -> torch.Tensor:
+        if trainer.iteration == 0:
+            time.sleep(1.0)
+        return original_step()
+
+    trainer.train_step = slow_first_step
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    lines = lines_by_step(capsys.readouterr().out)
+    step_ms = {step: float(re.search(r"\| (\d+) ms/step", line).group(1)) for step, line in lines.items()}
+    assert step_ms[1] >= 1000 and step_ms[5] >= 200, step_ms
+    assert step_ms[10] < 200, step_ms
+    logged = records(logs)
+    assert logged[5]["train/step_time_s"] >= 0.2 > logged[10]["train/step_time_s"]
