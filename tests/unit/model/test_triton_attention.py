@@ -82,11 +82,39 @@ def test_fp32_matches_the_formula(tables: str, window: int | None) -> None:
 
 @pytest.mark.parametrize(("head_dim", "dtype", "tables", "window"), [
     (128, torch.float32, "bias+scale", None), (128, torch.bfloat16, "bias+scale", 9), (128, torch.bfloat16, "bias", None),
-    (64, torch.bfloat16, "bias+scale", None), (64, torch.float16, "bias+scale", 9)])
+    (64, torch.bfloat16, "bias+scale", None), (64, torch.float16, "bias+scale", 9),
+    (128, torch.float16, "bias+scale", None)])
 def test_head_dim_128_and_16_bit_inputs_match_the_formula(head_dim: int, dtype: torch.dtype, tables: str,
                                                            window: int | None) -> None:
     errors = _errors(head_dim, dtype, tables, window)
     assert max(errors.values()) < TOLERANCE[dtype], errors
+
+
+@pytest.mark.parametrize("layout", ["packed", "mixed"])
+def test_strided_inputs_are_read_in_place(layout: str) -> None:
+    """``q``, ``k``, ``v`` as the model hands them over (views of one ``[b, L, H, 3D]`` projection, ``dO`` a
+    view of ``[b, L, H, D]``) reach the kernels without a copy (no ``aten::contiguous`` in the profile) and give
+    the formula's values; the output is laid out ``[b, L, H, D]``, so the model's reshape back is a view.
+    ``mixed`` (``k`` a tensor of its own, as after a rotation) is copied to one layout, with the same values."""
+    query, key, value, grad_output, bias, _ = _inputs(64, torch.float32, "bias")
+    packed = torch.cat([t.transpose(1, 2) for t in (query, key, value)], dim=-1).transpose(1, 2)  # [b, H, L, 3D]
+    views = list(packed.to(DEVICE).split(query.shape[-1], dim=-1))
+    if layout == "mixed":
+        views[1] = views[1].contiguous()
+    leaves = [t.detach().requires_grad_() for t in views] + [bias.to(DEVICE).requires_grad_()]
+    strided_grad = grad_output.transpose(1, 2).contiguous().transpose(1, 2).to(DEVICE)
+    with torch.profiler.profile() as profile:
+        output, _ = fused_attention(*leaves, None, None, BLOCK)
+        grads = torch.autograd.grad(output, leaves, strided_grad)
+    copies = [event.name for event in profile.events() if event.name == "aten::contiguous"]
+    assert (copies == []) == (layout == "packed"), copies
+    assert output.transpose(1, 2).is_contiguous()
+    reference = [t.double().requires_grad_() for t in (query, key, value, bias)]
+    expected, _ = _reference(*reference[:3], reference[3], None, None)
+    expected_grads = torch.autograd.grad(expected, reference, grad_output.double())
+    assert _relative(output, expected.detach()) < TOLERANCE[torch.float32]
+    for got, wanted in zip(grads, expected_grads):
+        assert _relative(got, wanted) < TOLERANCE[torch.float32]
 
 
 def test_gradients_are_deterministic_and_compile_as_one_call() -> None:
