@@ -193,3 +193,18 @@ def test_config_accepts_triton() -> None:
                            "seq_length": 16, "max_position_embeddings": 16, "pos_emb": "kerple_log",
                            "attention_impl": "triton"})
     assert families.build_model(cfg, flex_compile=False).attention_impl == "triton"
+
+
+def test_every_command_line_offers_every_kernel() -> None:
+    """evaluate.py's ``--attention-impl`` and the config's ``attention_impl`` list the model's kernels and ``auto``
+    (evaluate.py writes them out to answer ``--help`` without torch)."""
+    import dataclasses
+    import typing
+
+    from kerple.config.sections import AttentionConfig
+    from kerple.evaluation.arguments import ATTENTION_IMPL_CHOICES
+    from kerple.model.attention import ATTENTION_IMPLS, AUTO
+
+    field = next(f for f in dataclasses.fields(AttentionConfig) if f.name == "attention_impl")
+    annotation = typing.get_type_hints(AttentionConfig)[field.name]
+    assert set(ATTENTION_IMPL_CHOICES) == set(typing.get_args(annotation)) == {*ATTENTION_IMPLS, AUTO}
