@@ -185,14 +185,33 @@ def test_refusals_and_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
         model(torch.zeros(1, 8, dtype=torch.long))
 
 
+SMALL = {"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2, "vocab_size": 32, "seq_length": 16,
+         "max_position_embeddings": 16, "pos_emb": "kerple_log", "attention_impl": "triton", "attention_dropout": 0.0}
+
+
 def test_config_accepts_triton() -> None:
     from kerple.config import load_config
     from kerple.model import families
 
-    cfg = load_config([], {"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2, "vocab_size": 32,
-                           "seq_length": 16, "max_position_embeddings": 16, "pos_emb": "kerple_log",
-                           "attention_impl": "triton"})
+    cfg = load_config([], dict(SMALL))
     assert families.build_model(cfg, flex_compile=False).attention_impl == "triton"
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    ({"pos_emb": "fire"}, "pos_emb='fire' (<command line>) has none (a closed form of the positions); use attention_impl"),
+    ({"pos_emb": "cable"}, "pos_emb='cable' (<command line>) has none (a closed form of the positions); use "),
+    ({"attention_dropout": 0.1}, "attention_dropout=0.1 (<command line>) asks for it in training; set attention_dropout: 0"),
+])
+def test_config_refuses_what_the_kernel_leaves_out(changes: dict, expected: str) -> None:
+    """A term without distance tables (FIRE, CABLE), and attention dropout in training, are refused when the
+    config loads, naming both keys and a setting that works; dropout is accepted for evaluation."""
+    from kerple.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as refusal:
+        load_config([], {**SMALL, **changes})
+    assert expected in str(refusal.value) and "attention_impl='triton' (<command line>)" in str(refusal.value)
+    if "attention_dropout" in changes:
+        assert load_config([], {**SMALL, **changes, "train_iters": 0}).attention.attention_impl == "triton"
 
 
 def test_every_command_line_offers_every_kernel() -> None:
