@@ -265,6 +265,31 @@ def _attention(cfg: Config) -> None:
             "attention.attention_impl",
             "positional.pos_emb",
         )
+    _kernel_limits(cfg, family, training)
+
+
+def _kernel_limits(cfg: Config, family: Any, training: bool) -> None:
+    """What the fused kernels leave out, refused here rather than at the first forward: attention dropout
+    (flex, triton) in training, and a term without distance tables under the kernel that reads only tables."""
+    impl = cfg.attention.attention_impl
+    if impl == "triton" and family.tableless_term:
+        raise fail(
+            cfg,
+            f"{described(cfg, 'attention.attention_impl', impl)} reads the logit term from distance tables, and "
+            f"{described(cfg, 'positional.pos_emb', cfg.positional.pos_emb)} has none (a closed form of the "
+            "positions); use attention_impl: flex, sdpa or auto",
+            "attention.attention_impl",
+            "positional.pos_emb",
+        )
+    if impl in ("flex", "triton") and training and cfg.model.attention_dropout > 0:
+        raise fail(
+            cfg,
+            f"{described(cfg, 'attention.attention_impl', impl)} does not implement attention dropout, and "
+            f"{described(cfg, 'model.attention_dropout', cfg.model.attention_dropout)} asks for it in training; "
+            "set attention_dropout: 0 (as the KERPLE paper's models do) or attention_impl: auto",
+            "attention.attention_impl",
+            "model.attention_dropout",
+        )
 
 
 def _optimizer(cfg: Config) -> None:

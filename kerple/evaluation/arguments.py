@@ -13,6 +13,9 @@ from kerple.evaluation import protocols
 from kerple.evaluation.errors import EvaluationError
 from kerple.outputs import check_output_file
 
+ATTENTION_IMPL_CHOICES = ("eager", "sdpa", "flex", "triton", "auto")
+"""``kerple.model.ATTENTION_IMPLS`` and ``auto``, written out: this module answers ``--help`` without torch."""
+
 DEFAULT_NUM_TOKENS = 32768
 """Scored tokens per length unless ``--num-tokens`` says otherwise: the Quick start's five lengths
 then take minutes on 2 CPU cores, where its whole validation split takes about 25."""
@@ -38,8 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--num-windows", type=int, help="a fixed number of windows at every length")
     parser.add_argument("--stride", type=int, help="stride S of the sliding protocol")
     parser.add_argument("--attention-window", type=int, help="restrict attention to the last W keys (thesis §4.3.3)")
-    parser.add_argument("--attention-impl", choices=("eager", "sdpa", "flex", "auto"),
-                        help="auto picks per length and device (kerple.model.choose_implementation)")
+    parser.add_argument("--attention-impl", choices=ATTENTION_IMPL_CHOICES,
+                        help="auto picks per length and device (kerple.model.choose_implementation); triton: "
+                             "the fused kernel of the distance tables (CUDA)")
     parser.add_argument("--softmax-temperature", default="1",
                         help="divide the attention logits by tau in (0, 1] (thesis §5.4), or 'log': "
                              "tau = log_L(train length) at each length L (thesis §5.5)")

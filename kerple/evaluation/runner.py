@@ -160,12 +160,12 @@ def estimate_forward_bytes(
     """Rough peak bytes of one no-grad fp32 forward beyond the weights.
 
     eager and sdpa materialize ``[b, H, L, L]`` fp32 scores (eager also the softmax output, sdpa
-    its float mask) plus the ``[H, L, L]`` bias gathered from the distance tables; ``flex`` keeps
-    only O(L) tables. Activations of one layer are ~12 hidden-sized fp32 tensors per token (the
+    its float mask) plus the ``[H, L, L]`` bias gathered from the distance tables; ``flex`` and
+    ``triton`` keep only O(L) tables. Activations of one layer are ~12 hidden-sized fp32 tensors per token (the
     4h MLP intermediate included), and the loss materializes one chunk of fp32 logits at a time.
     """
     activations = 12 * batch * length * hidden * 4
-    if attention_impl == "flex":
+    if attention_impl in ("flex", "triton"):
         attention = 4 * batch * heads * length * 4
     else:
         attention = 3 * batch * heads * length * length * 4 + heads * length * length * 4

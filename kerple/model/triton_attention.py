@@ -34,10 +34,6 @@ def runs_on(device_type: str) -> bool:
     return device_type == "cpu" and os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on")
 
 
-def _contiguous(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
-    return [None if t is None else t.contiguous() for t in tensors]
-
-
 @torch.library.custom_op("kerple::triton_attention", mutates_args=())
 def _forward_op(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None,
@@ -46,13 +42,14 @@ def _forward_op(
     """``(output [b, H, L, D], lse [b, H, L] float32)``."""
     from kerple.model.triton_attention_kernels import attention_forward
 
-    query, key, value, bias, scale = _contiguous(query, key, value, bias, scale)
     return attention_forward(query, key, value, bias, scale, window, block or None)
 
 
 @_forward_op.register_fake
 def _(query, key, value, bias, scale, window, block):  # type: ignore[no-untyped-def]
-    return torch.empty_like(query), query.new_empty(query.shape[:3], dtype=torch.float32)
+    from kerple.model.triton_attention_kernels import output_like
+
+    return output_like(query), query.new_empty(query.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("kerple::triton_attention_backward", mutates_args=())
@@ -64,8 +61,7 @@ def _backward_op(
     """``(dq, dk, dv, dbias, dscale)``; an absent table's gradient is an empty tensor (an op returns no ``None``)."""
     from kerple.model.triton_attention_kernels import attention_backward
 
-    tensors = _contiguous(query, key, value, output, lse, grad_output, bias, scale)
-    grads = attention_backward(*tensors, window, block or None)
+    grads = attention_backward(query, key, value, output, lse, grad_output, bias, scale, window, block or None)
     empty = query.new_empty(0, dtype=torch.float32)
     return (*grads[:3], *(empty if g is None else g for g in grads[3:]))  # type: ignore[return-value]
 
@@ -74,7 +70,7 @@ def _backward_op(
 def _(query, key, value, output, lse, grad_output, bias, scale, window, block):  # type: ignore[no-untyped-def]
     tables = (query.new_empty(0, dtype=torch.float32) if t is None else torch.empty_like(t, dtype=torch.float32)
               for t in (bias, scale))
-    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), *tables
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), *tables
 
 
 def _setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]

@@ -41,9 +41,16 @@ MASKED = tl.constexpr(-1.0e30)  # a finite "minus infinity": a row with no visib
 
 
 @triton.jit
-def _load_tile(pointer, rows, row_ok, dims, dim_ok, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr):
-    """Rows ``rows`` of a contiguous ``[L, HEAD_DIM]`` matrix, ``[B, BLOCK_D]``, zero outside."""
-    tile = tl.load(pointer + rows[:, None] * HEAD_DIM + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :],
+def _head_start(batch_head, heads, stride_batch, stride_head):
+    """Where the ``[L, D]`` matrix of ``batch_head`` starts in a ``[b, H, L, D]`` tensor of these strides."""
+    return (batch_head // heads).to(tl.int64) * stride_batch + (batch_head % heads).to(tl.int64) * stride_head
+
+
+@triton.jit
+def _load_tile(pointer, rows, row_ok, dims, dim_ok, row_stride, UPCAST: tl.constexpr):
+    """Rows ``rows`` of an ``[L, D]`` matrix whose rows are ``row_stride`` apart (unit stride along ``D``),
+    ``[B, BLOCK_D]``, zero outside."""
+    tile = tl.load(pointer + rows[:, None] * row_stride + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :],
                    other=0.0)
     if UPCAST:
         tile = tile.to(tl.float32)
@@ -73,7 +80,8 @@ def _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
 
 @triton.jit
 def _forward(
-    Q, K, V, BIAS, SCALE, OUT, LSE, heads, length, window, sm_scale,
+    Q, K, V, BIAS, SCALE, OUT, LSE, heads, length, window, sm_scale, qkv_batch, qkv_head, qkv_row,
+    out_batch, out_head, out_row,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BANDS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -82,13 +90,13 @@ def _forward(
     query_block = tl.program_id(0)
     batch_head = tl.program_id(1)
     head = (batch_head % heads).to(tl.int64)
-    base = batch_head.to(tl.int64) * length * HEAD_DIM
+    base = _head_start(batch_head, heads, qkv_batch, qkv_head)
     offsets = tl.arange(0, BLOCK)
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < HEAD_DIM
     rows = query_block * BLOCK + offsets
     row_ok = rows < length
-    q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, HEAD_DIM, UPCAST)
+    q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, qkv_row, UPCAST)
     row_max = tl.full([BLOCK], MASKED, tl.float32)
     row_sum = tl.zeros([BLOCK], dtype=tl.float32)
     acc = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
@@ -97,8 +105,8 @@ def _forward(
         if key_block >= 0:
             cols = key_block * BLOCK + offsets
             col_ok = cols < length
-            k = _load_tile(K + base, cols, col_ok, dims, dim_ok, HEAD_DIM, UPCAST)
-            v = _load_tile(V + base, cols, col_ok, dims, dim_ok, HEAD_DIM, UPCAST)
+            k = _load_tile(K + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
+            v = _load_tile(V + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
             _, score, visible, _ = _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
                                            BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, INPUT_PRECISION)
             score = tl.where(visible, score, MASKED)
@@ -110,7 +118,8 @@ def _forward(
             row_max = new_max
     row_sum = tl.where(row_ok, row_sum, 1.0)  # rows past the end see no key; they are not stored
     out = acc / row_sum[:, None]
-    tl.store(OUT + base + rows[:, None] * HEAD_DIM + dims[None, :], out.to(OUT.dtype.element_ty),
+    tl.store(OUT + _head_start(batch_head, heads, out_batch, out_head) + rows[:, None] * out_row + dims[None, :],
+             out.to(OUT.dtype.element_ty),
              mask=row_ok[:, None] & dim_ok[None, :])
     tl.store(LSE + batch_head.to(tl.int64) * length + rows, row_max + tl.log(row_sum), mask=row_ok)
 
@@ -118,23 +127,26 @@ def _forward(
 @triton.jit
 def _backward_keys(
     Q, K, V, DO, LSE, DELTA, BIAS, SCALE, DK, DV, BIAS_OUT, SCALE_OUT, heads, length, window, sm_scale,
+    qkv_batch, qkv_head, qkv_row, do_batch, do_head, do_row,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BANDS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     """Algorithm 2's outer loop for key block ``program_id(0)``: ``dK``, ``dV`` and each tile's diagonal
-    sums of ``dS`` (and ``dS ∘ x``) into slot ``(key block, band, batch·head)`` of the partial buffers."""
+    sums of ``dS`` (and ``dS ∘ x``) into slot ``(key block, band, batch·head)`` of the partial buffers;
+    ``DK``, ``DV`` contiguous."""
     key_block = tl.program_id(0)
     batch_head = tl.program_id(1)
     head = (batch_head % heads).to(tl.int64)
-    base = batch_head.to(tl.int64) * length * HEAD_DIM
+    base = _head_start(batch_head, heads, qkv_batch, qkv_head)
+    grad_base = _head_start(batch_head, heads, do_batch, do_head)
     offsets = tl.arange(0, BLOCK)
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < HEAD_DIM
     cols = key_block * BLOCK + offsets
     col_ok = cols < length
-    k = _load_tile(K + base, cols, col_ok, dims, dim_ok, HEAD_DIM, UPCAST)
-    v = _load_tile(V + base, cols, col_ok, dims, dim_ok, HEAD_DIM, UPCAST)
+    k = _load_tile(K + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
+    v = _load_tile(V + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
     grad_key = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
     grad_value = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
     for band in range(BANDS):
@@ -142,8 +154,8 @@ def _backward_keys(
         if query_block * BLOCK < length:
             rows = query_block * BLOCK + offsets
             row_ok = rows < length
-            q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, HEAD_DIM, UPCAST)
-            do = _load_tile(DO + base, rows, row_ok, dims, dim_ok, HEAD_DIM, UPCAST)
+            q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, qkv_row, UPCAST)
+            do = _load_tile(DO + grad_base, rows, row_ok, dims, dim_ok, do_row, UPCAST)
             lse = tl.load(LSE + batch_head.to(tl.int64) * length + rows, mask=row_ok, other=0.0)
             delta = tl.load(DELTA + batch_head.to(tl.int64) * length + rows, mask=row_ok, other=0.0)
             x, score, visible, scale = _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
@@ -158,7 +170,7 @@ def _backward_keys(
                 tl.store(BIAS_OUT + slot + tl.arange(0, 2 * BLOCK), tile_diagonal_sums(grad_scores, BLOCK))
             if HAS_SCALE:
                 tl.store(SCALE_OUT + slot + tl.arange(0, 2 * BLOCK), tile_diagonal_sums(grad_scores * x, BLOCK))
-    pointers = base + cols[:, None] * HEAD_DIM + dims[None, :]
+    pointers = batch_head.to(tl.int64) * length * HEAD_DIM + cols[:, None] * HEAD_DIM + dims[None, :]
     tile_ok = col_ok[:, None] & dim_ok[None, :]
     tl.store(DK + pointers, (grad_key * sm_scale).to(DK.dtype.element_ty), mask=tile_ok)
     tl.store(DV + pointers, grad_value.to(DV.dtype.element_ty), mask=tile_ok)
@@ -166,23 +178,25 @@ def _backward_keys(
 
 @triton.jit
 def _backward_queries(
-    Q, K, V, DO, LSE, DELTA, BIAS, SCALE, DQ, heads, length, window, sm_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BANDS: tl.constexpr,
+    Q, K, V, DO, LSE, DELTA, BIAS, SCALE, DQ, heads, length, window, sm_scale, qkv_batch, qkv_head, qkv_row,
+    do_batch, do_head, do_row, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BANDS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """``dQ`` of query block ``program_id(0)``: Algorithm 2's inner update, looped over the key blocks."""
+    """``dQ`` (contiguous) of query block ``program_id(0)``: Algorithm 2's inner update, looped over the key
+    blocks."""
     query_block = tl.program_id(0)
     batch_head = tl.program_id(1)
     head = (batch_head % heads).to(tl.int64)
-    base = batch_head.to(tl.int64) * length * HEAD_DIM
+    base = _head_start(batch_head, heads, qkv_batch, qkv_head)
     offsets = tl.arange(0, BLOCK)
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < HEAD_DIM
     rows = query_block * BLOCK + offsets
     row_ok = rows < length
-    q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, HEAD_DIM, UPCAST)
-    do = _load_tile(DO + base, rows, row_ok, dims, dim_ok, HEAD_DIM, UPCAST)
+    q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, qkv_row, UPCAST)
+    do = _load_tile(DO + _head_start(batch_head, heads, do_batch, do_head), rows, row_ok, dims, dim_ok, do_row,
+                    UPCAST)
     lse = tl.load(LSE + batch_head.to(tl.int64) * length + rows, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + batch_head.to(tl.int64) * length + rows, mask=row_ok, other=0.0)
     grad_query = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
@@ -191,16 +205,16 @@ def _backward_queries(
         if key_block >= 0:
             cols = key_block * BLOCK + offsets
             col_ok = cols < length
-            k = _load_tile(K + base, cols, col_ok, dims, dim_ok, HEAD_DIM, UPCAST)
-            v = _load_tile(V + base, cols, col_ok, dims, dim_ok, HEAD_DIM, UPCAST)
+            k = _load_tile(K + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
+            v = _load_tile(V + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
             _, score, visible, scale = _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
                                                BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, INPUT_PRECISION)
             probs = tl.where(visible, tl.exp(tl.where(visible, score - lse[:, None], MASKED)), 0.0)
             grad_probs = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
             grad_logits = probs * (grad_probs - delta[:, None]) * scale  # dS ∘ scale, the gradient of x
             grad_query += tl.dot(grad_logits.to(k.dtype), k, input_precision=INPUT_PRECISION)
-    tl.store(DQ + base + rows[:, None] * HEAD_DIM + dims[None, :], (grad_query * sm_scale).to(DQ.dtype.element_ty),
-             mask=row_ok[:, None] & dim_ok[None, :])
+    pointers = batch_head.to(tl.int64) * length * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :]
+    tl.store(DQ + pointers, (grad_query * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
 
 def tile_size(dtype: torch.dtype, head_dim: int) -> int:
@@ -214,7 +228,7 @@ def launch_settings(dtype: torch.dtype, head_dim: int, length: int, has_bias: bo
     """The compile-time arguments and ``num_warps`` shared by the three kernels. Eight warps: compiled offline
     for sm_90 (Triton 3.6, ``benchmarks/triton_resources.py --kernel attention``), four spilled registers in
     every 16-bit configuration at head_dim 64 (256 B a thread in the key-side backward with a bias table), eight
-    none there; not timed on a GPU."""
+    none with a bias table alone (116 B in the key-side backward with both tables, bf16); not timed on a GPU."""
     block = block or tile_size(dtype, head_dim)
     _, bands = tile_layout(length, block, window)
     return dict(
@@ -241,7 +255,8 @@ def offline_requests(dtype: torch.dtype, head_dim: int, has_scale: bool, length:
     element = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
     constexprs = launch_settings(dtype, head_dim, length, True, has_scale, window)
     warps = constexprs.pop("num_warps")
-    integers = dict.fromkeys(["heads", "length", "window"], "i32")
+    integers = dict.fromkeys(["heads", "length", "window", *(f"{t}_{axis}" for t in ("qkv", "out", "do")
+                                                               for axis in ("batch", "head", "row"))], "i32")
     tables = dict.fromkeys(["BIAS", "SCALE", "LSE", "DELTA", "BIAS_OUT", "SCALE_OUT"], "*fp32")
     signatures = {
         "_forward": ["Q", "K", "V", "OUT"], "_backward_keys": ["Q", "K", "V", "DO", "DK", "DV"],
@@ -259,12 +274,34 @@ def offline_requests(dtype: torch.dtype, head_dim: int, has_scale: bool, length:
 
 def _shared(query: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None,
             window: int | None) -> tuple:
-    """The run-time arguments after the tensors: the tables (``LSE``-typed stand-ins when absent: the
-    kernel never reads them), heads, length, window and ``1/√D``."""
+    """The run-time arguments after the tensors: the tables (contiguous; ``LSE``-typed stand-ins when absent:
+    the kernel never reads them), heads, length, window, ``1/√D`` and the strides of ``query`` (which
+    ``key`` and ``value`` share: :func:`strided_inputs`) along batch, head and row."""
     stand_in = query.new_empty(1, dtype=torch.float32)
-    tables = tuple(stand_in if t is None else t for t in (bias, scale))
+    tables = tuple(stand_in if t is None else t.contiguous() for t in (bias, scale))
     heads, length, head_dim = query.shape[1:]
-    return tables, (heads, length, window or length, head_dim**-0.5)
+    return tables, (heads, length, window or length, head_dim**-0.5, *query.stride()[:3])
+
+
+def strided_inputs(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """``tensors`` as the kernels read them: as they are when they share one layout with unit stride along the
+    head dimension (``q``, ``k``, ``v`` as views of the model's fused projection), else contiguous copies."""
+    layout = tensors[0].stride()
+    if layout[-1] == 1 and all(t.stride() == layout for t in tensors):
+        return list(tensors)
+    return [t.contiguous() for t in tensors]
+
+
+def unit_stride(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` with unit stride along its last dimension (a copy only when it lacks one)."""
+    return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
+
+
+def output_like(query: torch.Tensor) -> torch.Tensor:
+    """An uninitialised ``[b, H, L, D]`` output laid out as ``[b, L, H, D]``: the model's ``transpose(1, 2)``
+    then ``reshape`` to ``[b, L, H·D]`` is a view, not a copy."""
+    batch, heads, length, head_dim = query.shape
+    return query.new_empty(batch, length, heads, head_dim).transpose(1, 2)
 
 
 def attention_forward(
@@ -272,15 +309,17 @@ def attention_forward(
     scale: torch.Tensor | None, window: int | None, block: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(output [b, H, L, D] in the inputs' dtype, lse [b, H, L] float32)`` of causal attention with logits
-    ``x · scale[h, i - j] + bias[h, i - j]``, for contiguous ``query``/``key``/``value`` ``[b, H, L, D]`` and
-    contiguous float32 tables ``[H, L]`` (either may be ``None``)."""
+    ``x · scale[h, i - j] + bias[h, i - j]``, for ``query``/``key``/``value`` ``[b, H, L, D]`` (any strides:
+    :func:`strided_inputs`) and float32 tables ``[H, L]`` (either may be ``None``); the output is laid out as
+    :func:`output_like`."""
+    query, key, value = strided_inputs(query, key, value)
     settings = _settings(query, bias, scale, window, block)
     batch, heads, length, _ = query.shape
-    output = torch.empty_like(query)
+    output = output_like(query)
     lse = torch.empty(batch, heads, length, dtype=torch.float32, device=query.device)
     tables, scalars = _shared(query, bias, scale, window)
     grid = (triton.cdiv(length, settings["BLOCK"]), batch * heads)
-    _forward[grid](query, key, value, *tables, output, lse, *scalars, **settings)
+    _forward[grid](query, key, value, *tables, output, lse, *scalars, *output.stride()[:3], **settings)
     return output, lse
 
 
@@ -289,12 +328,15 @@ def attention_backward(
     grad_output: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None, window: int | None,
     block: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """``(dq, dk, dv, dbias, dscale)`` of :func:`attention_forward` for ``grad_output`` (contiguous, like the
-    inputs); the table gradients are float32 ``[H, L]`` summed over the batch, ``None`` for an absent table."""
+    """``(dq, dk, dv, dbias, dscale)`` of :func:`attention_forward` for ``grad_output`` (any strides, as the
+    inputs); ``dq``, ``dk``, ``dv`` are contiguous, the table gradients float32 ``[H, L]`` summed over the batch,
+    ``None`` for an absent table."""
+    query, key, value = strided_inputs(query, key, value)
+    grad_output, lse = unit_stride(grad_output), lse.contiguous()
     settings = _settings(query, bias, scale, window, block)
     batch, heads, length, _ = query.shape
     delta = (grad_output.float() * output.float()).sum(-1)  # rowsum(dO ∘ O) [b, H, L]
-    grads = [torch.empty_like(t) for t in (query, key, value)]
+    grads = [query.new_empty(query.shape) for _ in range(3)]
     blocks = triton.cdiv(length, settings["BLOCK"])
     partial_shape = (blocks, settings["BANDS"], batch * heads, 2 * settings["BLOCK"])
     partials = [None if t is None else torch.zeros(partial_shape, dtype=torch.float32, device=query.device)
@@ -302,6 +344,7 @@ def attention_backward(
     tables, scalars = _shared(query, bias, scale, window)
     outs = tuple(delta if p is None else p for p in partials)  # stand-ins are never written
     inputs = (query, key, value, grad_output, lse, delta, *tables)
+    scalars = (*scalars, *grad_output.stride()[:3])
     _backward_keys[(blocks, batch * heads)](*inputs, grads[1], grads[2], *outs, *scalars, **settings)
     _backward_queries[(blocks, batch * heads)](*inputs, grads[0], *scalars, **settings)
     table_grads = [None if p is None else distance_sums_from_partials(p, heads, length) for p in partials]

@@ -200,6 +200,9 @@ class PositionalEmbedding(nn.Module):
       ``model_parallel_size > 1`` when the config loads.
     * ``num_layers``: ``None``, or for a family with per-layer parameters the layer count it was
       built for (``shape.num_layers``); the model must have as many layers.
+    * ``tableless_term``: whether its logit term has no distance tables (FIRE, CABLE: eager and sdpa
+      evaluate the closed form on the grid of positions); a kernel that reads only tables
+      (``attention_impl: triton``) then cannot serve it, refused when the config loads.
 
     Every constructor takes ``(shape, options)`` (``shape`` alone without an ``options_class``).
     Tensor parallelism: an embedding may be given only a slice of the heads. Families whose values
@@ -215,6 +218,7 @@ class PositionalEmbedding(nn.Module):
     options_class: type | None = None
     tensor_parallel: bool = True
     num_layers: int | None = None
+    tableless_term: bool = False
 
     def __init__(self, shape: ModelShape) -> None:
         super().__init__()

@@ -69,6 +69,7 @@ class Cable(PositionalEmbedding):
     state_dict_name = "cable"
     learnable = True
     tensor_parallel = False
+    tableless_term = True
 
     def __init__(self, shape: ModelShape) -> None:
         super().__init__(shape)

@@ -98,6 +98,7 @@ class Fire(PositionalEmbedding):
     state_dict_name = "fire"
     learnable = True
     tensor_parallel = False
+    tableless_term = True
     options_class = FireOptions
 
     def __init__(self, shape: ModelShape, options: FireOptions = FireOptions()) -> None:

@@ -113,6 +113,35 @@ def test_auto_implementation_is_resolved_per_length(trained: tuple[Path, list[st
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
 
 
+def test_triton_kernel_scores_as_sdpa(trained: tuple[Path, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture) -> None:
+    """``--attention-impl triton`` (here in Triton's CPU interpreter) gives sdpa's perplexity; where the kernel
+    cannot run, one line says so, exit 2, and no results file is left."""
+    pytest.importorskip("triton")
+    flags = ("--eval-lengths", "32,64", "--num-tokens", "256")
+    plain = evaluate(trained, tmp_path / "p.json", *flags, "--attention-impl", "sdpa")
+    fused = evaluate(trained, tmp_path / "t.json", *flags, "--attention-impl", "triton")
+    assert fused["protocol"]["attention_impl_per_length"] == {"32": "triton", "64": "triton"}
+    for a, b in zip(fused["results"], plain["results"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    if torch_has_cuda():
+        return
+    monkeypatch.setattr("kerple.model.triton_attention.runs_on", lambda device_type: False)
+    checkpoints, arguments = trained
+    argv = [str(REPO / a) if a.endswith(".yml") else a for a in arguments]
+    output = tmp_path / "x.json"
+    assert cli.main([*argv, "--load", str(checkpoints), "--output", str(output), "--no-progress", *flags,
+                     "--attention-impl", "triton"]) == 2
+    assert "Triton attention kernel needs CUDA" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not output.exists()
+
+
+def torch_has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def test_refusals_exit_2_with_a_reason(
     trained: tuple[Path, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

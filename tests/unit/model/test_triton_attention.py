@@ -82,11 +82,39 @@ def test_fp32_matches_the_formula(tables: str, window: int | None) -> None:
 
 @pytest.mark.parametrize(("head_dim", "dtype", "tables", "window"), [
     (128, torch.float32, "bias+scale", None), (128, torch.bfloat16, "bias+scale", 9), (128, torch.bfloat16, "bias", None),
-    (64, torch.bfloat16, "bias+scale", None), (64, torch.float16, "bias+scale", 9)])
+    (64, torch.bfloat16, "bias+scale", None), (64, torch.float16, "bias+scale", 9),
+    (128, torch.float16, "bias+scale", None)])
 def test_head_dim_128_and_16_bit_inputs_match_the_formula(head_dim: int, dtype: torch.dtype, tables: str,
                                                            window: int | None) -> None:
     errors = _errors(head_dim, dtype, tables, window)
     assert max(errors.values()) < TOLERANCE[dtype], errors
+
+
+@pytest.mark.parametrize("layout", ["packed", "mixed"])
+def test_strided_inputs_are_read_in_place(layout: str) -> None:
+    """``q``, ``k``, ``v`` as the model hands them over (views of one ``[b, L, H, 3D]`` projection, ``dO`` a
+    view of ``[b, L, H, D]``) reach the kernels without a copy (no ``aten::contiguous`` in the profile) and give
+    the formula's values; the output is laid out ``[b, L, H, D]``, so the model's reshape back is a view.
+    ``mixed`` (``k`` a tensor of its own, as after a rotation) is copied to one layout, with the same values."""
+    query, key, value, grad_output, bias, _ = _inputs(64, torch.float32, "bias")
+    packed = torch.cat([t.transpose(1, 2) for t in (query, key, value)], dim=-1).transpose(1, 2)  # [b, H, L, 3D]
+    views = list(packed.to(DEVICE).split(query.shape[-1], dim=-1))
+    if layout == "mixed":
+        views[1] = views[1].contiguous()
+    leaves = [t.detach().requires_grad_() for t in views] + [bias.to(DEVICE).requires_grad_()]
+    strided_grad = grad_output.transpose(1, 2).contiguous().transpose(1, 2).to(DEVICE)
+    with torch.profiler.profile() as profile:
+        output, _ = fused_attention(*leaves, None, None, BLOCK)
+        grads = torch.autograd.grad(output, leaves, strided_grad)
+    copies = [event.name for event in profile.events() if event.name == "aten::contiguous"]
+    assert (copies == []) == (layout == "packed"), copies
+    assert output.transpose(1, 2).is_contiguous()
+    reference = [t.double().requires_grad_() for t in (query, key, value, bias)]
+    expected, _ = _reference(*reference[:3], reference[3], None, None)
+    expected_grads = torch.autograd.grad(expected, reference, grad_output.double())
+    assert _relative(output, expected.detach()) < TOLERANCE[torch.float32]
+    for got, wanted in zip(grads, expected_grads):
+        assert _relative(got, wanted) < TOLERANCE[torch.float32]
 
 
 def test_gradients_are_deterministic_and_compile_as_one_call() -> None:
@@ -157,11 +185,45 @@ def test_refusals_and_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
         model(torch.zeros(1, 8, dtype=torch.long))
 
 
+SMALL = {"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2, "vocab_size": 32, "seq_length": 16,
+         "max_position_embeddings": 16, "pos_emb": "kerple_log", "attention_impl": "triton", "attention_dropout": 0.0}
+
+
 def test_config_accepts_triton() -> None:
     from kerple.config import load_config
     from kerple.model import families
 
-    cfg = load_config([], {"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2, "vocab_size": 32,
-                           "seq_length": 16, "max_position_embeddings": 16, "pos_emb": "kerple_log",
-                           "attention_impl": "triton"})
+    cfg = load_config([], dict(SMALL))
     assert families.build_model(cfg, flex_compile=False).attention_impl == "triton"
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    ({"pos_emb": "fire"}, "pos_emb='fire' (<command line>) has none (a closed form of the positions); use attention_impl"),
+    ({"pos_emb": "cable"}, "pos_emb='cable' (<command line>) has none (a closed form of the positions); use "),
+    ({"attention_dropout": 0.1}, "attention_dropout=0.1 (<command line>) asks for it in training; set attention_dropout: 0"),
+])
+def test_config_refuses_what_the_kernel_leaves_out(changes: dict, expected: str) -> None:
+    """A term without distance tables (FIRE, CABLE), and attention dropout in training, are refused when the
+    config loads, naming both keys and a setting that works; dropout is accepted for evaluation."""
+    from kerple.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as refusal:
+        load_config([], {**SMALL, **changes})
+    assert expected in str(refusal.value) and "attention_impl='triton' (<command line>)" in str(refusal.value)
+    if "attention_dropout" in changes:
+        assert load_config([], {**SMALL, **changes, "train_iters": 0}).attention.attention_impl == "triton"
+
+
+def test_every_command_line_offers_every_kernel() -> None:
+    """evaluate.py's ``--attention-impl`` and the config's ``attention_impl`` list the model's kernels and ``auto``
+    (evaluate.py writes them out to answer ``--help`` without torch)."""
+    import dataclasses
+    import typing
+
+    from kerple.config.sections import AttentionConfig
+    from kerple.evaluation.arguments import ATTENTION_IMPL_CHOICES
+    from kerple.model.attention import ATTENTION_IMPLS, AUTO
+
+    field = next(f for f in dataclasses.fields(AttentionConfig) if f.name == "attention_impl")
+    annotation = typing.get_type_hints(AttentionConfig)[field.name]
+    assert set(ATTENTION_IMPL_CHOICES) == set(typing.get_args(annotation)) == {*ATTENTION_IMPLS, AUTO}
