@@ -114,3 +114,27 @@ def test_t5_xavier_normal_init() -> None:
     module = positional.build("rpe", num_heads=480, head_dim=4, hidden_size=1920, max_positions=16)
     expected_std = math.sqrt(2.0 / (32 + 480))
     assert module.weight.std().item() == pytest.approx(expected_std, rel=0.03)
+
+
+def test_alibi_slopes_equal_bloom_for_1_to_32_heads() -> None:
+    """Hugging Face's BLOOM ALiBi (``build_alibi_tensor``: slope · key position, Press et al.'s slopes, the
+    interleaved extra slopes for a head count that is not a power of two) gives every head's slope."""
+    bloom = pytest.importorskip("transformers.models.bloom.modeling_bloom")
+    for heads in range(1, 33):
+        alibi = bloom.build_alibi_tensor(torch.ones(1, 4), heads, torch.float32).reshape(heads, 4)
+        module = build("alibi", heads)
+        assert module.slopes.float().tolist() == pytest.approx(alibi[:, 1].tolist(), rel=1e-6), heads
+
+
+def test_t5_buckets_equal_huggingface_t5_decoder() -> None:
+    """Hugging Face's T5 decoder buckets (``_relative_position_bucket``, unidirectional, 32 buckets, max distance
+    128) at every distance 0-4999, through the bias table with bucket b holding b (times √head_dim)."""
+    t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    distances = torch.arange(5000)
+    expected = t5.T5Attention._relative_position_bucket(-distances, bidirectional=False, num_buckets=32,
+                                                        max_distance=128)
+    module = positional.build("rpe", num_heads=1, head_dim=4, hidden_size=4, max_positions=16)
+    with torch.no_grad():
+        module.weight.copy_(torch.arange(32, dtype=torch.float32)[:, None])
+    table, _ = module.distance_tables(5000)
+    assert torch.equal((table[0] / math.sqrt(4)).round().long(), expected)
