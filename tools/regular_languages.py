@@ -222,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     check_models(args, settings, bench)
     done = {(r["task"], r["arch"], r["seed"]) for r in results}
+    planned = {(name, arch, seed) for name in args.task for arch in args.arch
+               for seed in range(args.first_seed, args.first_seed + args.seeds)}
     started = time.perf_counter()
     for name in args.task:
         task = get_task(name)
@@ -239,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{record['test_seconds']:.0f}s test)",
                     file=sys.stderr, flush=True,
                 )
-                _write(output, results, time.perf_counter() - started)
+                _write(output, results, planned, time.perf_counter() - started)
     print(bench.summary_table(bench.summary_rows(results)))
     return 0
 
@@ -269,13 +271,21 @@ def check_models(args: argparse.Namespace, settings: RunSettings, bench: Any) ->
                 raise UsageError(f"{flags} cannot run {name} up to length {longest}: {error}; {works}") from None
 
 
-def _write(output: Path, results: list[dict], seconds: float) -> None:
-    """The JSON, the table and the plot of the results so far (atomically; rewritten after each run)."""
+def _write(output: Path, results: list[dict], planned: set[tuple[str, str, int]], seconds: float) -> None:
+    """The JSON, the table and the plot of the results so far (atomically; rewritten after each run).
+    Until the last of the ``planned`` runs is in, both say the command has not finished, so a table
+    left by a stopped command is not read as the final one."""
     from kerple.regular_languages import bench
 
     rows = bench.summary_rows(results)
-    atomic.write_json_atomic(output, {"results": results, "summary": rows, "wall_seconds": seconds})
-    atomic.write_text_atomic(output.with_suffix(".md"), bench.summary_table(rows) + "\n")
+    missing = planned - {(r["task"], r["arch"], r["seed"]) for r in results}
+    complete = not missing
+    atomic.write_json_atomic(output, {"results": results, "summary": rows, "runs_missing": len(missing),
+                                      "complete": complete, "wall_seconds": seconds})
+    note = "" if complete else (f"\nIncomplete: {len(missing)} of the {len(planned)} runs asked for are missing; the "
+                                "command has not finished "
+                                "(rerun it with --resume to add the rest).\n")
+    atomic.write_text_atomic(output.with_suffix(".md"), bench.summary_table(rows) + "\n" + note)
     with atomic.atomic_path(output.with_suffix(".png"), suffix=".png") as path:
         bench.plot_accuracy(results, str(path))
 

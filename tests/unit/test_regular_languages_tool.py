@@ -272,3 +272,30 @@ def test_default_seeds_were_not_used_to_choose_the_defaults(tmp_path: Path) -> N
     args = load_tool().parse_arguments(["--table61", "--output", str(tmp_path / "t.json")])
     assert set(range(args.first_seed, args.first_seed + args.seeds)).isdisjoint(range(20))
     assert args.first_seed == load_seeds_benchmark().parse_args([]).first_seed
+
+
+def test_results_of_a_command_that_stopped_say_they_are_incomplete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The files are rewritten after every run: if a later run fails, what is left must not read as
+    the final table; once every run is in (after --resume), it does."""
+    monkeypatch.setattr(bench, "plot_accuracy", lambda results, path: Path(path).write_bytes(b"png"))
+    calls = []
+
+    def second_run_fails(*args, **kwargs):
+        calls.append(args[2])
+        if len(calls) == 2:
+            raise RuntimeError("planted failure in the second run")
+        return fake_record(*args)
+
+    monkeypatch.setattr(bench, "run", second_run_fails)
+    output = tmp_path / "r.json"
+    argv = ["--task", "parity_check", "--seeds", "3", "--test-lengths", "41", "--output", str(output)]
+    with pytest.raises(RuntimeError, match="planted"):
+        load_tool().main(argv)
+    doc = json.loads(output.read_text())
+    assert (len(doc["results"]), doc["runs_missing"], doc["complete"]) == (1, 2, False)
+    assert "Incomplete: 2 of the 3 runs asked for are missing" in output.with_suffix(".md").read_text()
+    monkeypatch.setattr(bench, "run", fake_record)
+    assert load_tool().main([*argv, "--resume"]) == 0
+    doc = json.loads(output.read_text())
+    assert (len(doc["results"]), doc["complete"]) == (3, True)
+    assert "Incomplete" not in output.with_suffix(".md").read_text()
