@@ -7,7 +7,7 @@ Each seed trains the RegularGPT of :class:`~kerple.regular_languages.bench.RunSe
 defaults of ``tools/regular_languages.py``: C = 2, K = 1, width 64, Adam with a warm-up, stop at
 the training loss ``stop_loss`` or after ``steps``) on the task's training lengths, then tests it on every test
 length (41-500, or 51-100 for D_n and Tomita; ``--every`` subsamples them). The seeds are fixed
-before looking: 100-109 by default (0-9 served to find the defaults). Prints one row per seed
+before looking: 100-109 by default (0-19 served to find the defaults). Prints one row per seed
 (steps, training and test seconds, accuracy at the longest training length and over the test
 lengths) and, per task, how many seeds reach ``--threshold`` with the median steps and seconds.
 Exits with status 1 when fewer than ``--expect`` seeds of a task reach it. ``--output`` keeps the

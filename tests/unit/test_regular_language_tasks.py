@@ -141,3 +141,37 @@ def test_task_lengths_and_refusals() -> None:
         get_task("parity")
     with pytest.raises(TaskError, match="probability"):
         sample_batch(get_task("parity_check"), 5, 1, np.random.default_rng(0), probability=1.5)
+
+
+# Deletang et al. (2023) definitions, restated: Parity Check, 1 when the number of b is even; Even
+# Pairs, 1 when the number of "ab" plus "ba" substrings is even; Cycle Navigation, the final position
+# on a cycle of 5 from 0 with 0 = STAY, 1 = +1, 2 = -1 (the thesis' encoding, §6.4.1); Modular
+# Arithmetic, digits 0-4 alternating with +, -, * (an odd length), evaluated with * first, modulo 5.
+def reference_label(name: str, row: np.ndarray) -> int:
+    if name == "parity_check":
+        return int("".join("ab"[s] for s in row).count("b") % 2 == 0)
+    if name == "even_pairs":
+        text = "".join("ab"[s] for s in row)
+        return int((text.count("ab") + text.count("ba")) % 2 == 0)
+    if name == "cycle_navigation":
+        return sum({0: 0, 1: 1, 2: -1}[int(s)] for s in row) % 5
+    text = "".join(str(int(s)) if i % 2 == 0 else "+-*"[int(s) - 5] for i, s in enumerate(row))
+    return eval(text) % 5  # Python's own parser: * binds before + and -, and % 5 is never negative
+
+
+@pytest.mark.parametrize("name", ["parity_check", "even_pairs", "cycle_navigation", "modular_arithmetic"])
+def test_deletang_labels_match_the_definitions_on_random_strings(name: str) -> None:
+    task = get_task(name)
+    for length in (1, 2, 7, 40, 41, 42, 120):
+        inputs, labels = sample_batch(task, length, 200, np.random.default_rng(length))
+        if name == "modular_arithmetic":  # Deletang et al.: an even length is reduced by one
+            assert inputs.shape[1] == (length if length % 2 else max(1, length - 1))
+            assert inputs[:, ::2].max() <= 4 and (inputs.shape[1] == 1 or inputs[:, 1::2].min() >= 5)
+        else:
+            assert inputs.shape == (200, length)
+        assert [reference_label(name, row) for row in inputs] == labels.tolist(), (name, length)
+    # every symbol drawn about equally often (uniform inputs, as in Deletang et al.)
+    inputs, _ = sample_batch(task, 301, 200, np.random.default_rng(0))
+    symbols = inputs[:, 1::2] - 5 if name == "modular_arithmetic" else inputs
+    frequencies = np.bincount(symbols.ravel()) / symbols.size
+    assert np.allclose(frequencies, 1 / len(frequencies), atol=0.01)

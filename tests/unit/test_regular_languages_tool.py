@@ -52,7 +52,7 @@ def test_table61_runs_every_task_and_resume_skips_what_is_done(tmp_path: Path, m
     assert len(calls) == 12 * 2 and {arch for _, arch, _ in calls} == {"regulargpt", "transformer"}
     calls.clear()
     assert tool.main(["--table61", "--seeds", "2", "--resume", "--output", str(output)]) == 0
-    assert {seed for _, _, seed in calls} == {1} and len(calls) == 24  # seed 0 was kept
+    assert {seed for _, _, seed in calls} == {101} and len(calls) == 24  # seed 100 was kept
     assert len(json.loads(output.read_text())["results"]) == 48
 
 
@@ -196,6 +196,14 @@ def fake_record(task, arch, seed, settings, lengths, progress=False) -> dict:
     (["--layers", "2"], "--layers: applies to transformer only"),
     (["--task", "parity_check", "parity_check"], "--task: parity_check is named twice"),
     (["--arch", "rnn", "rnn"], "--arch: rnn is named twice"),
+    # the settings below used to train for minutes and then stop on a traceback (or, for the test
+    # lengths, report lengths the model trained on as extrapolation)
+    (["--hidden-size", "10"], "--hidden-size 10: must be a multiple of the 4 attention heads, e.g. 8"),
+    (["--arch", "transformer", "--pos-emb", "learned"],
+     "--pos-emb learned with --hidden-size 64 cannot run parity_check up to length 500"),
+    (["--arch", "transformer", "--pos-emb", "rotary", "--hidden-size", "12"], "--pos-emb rotary with --hidden-size 12"),
+    (["--task", "tomita3", "--test-lengths", "41:501:10"], "tomita3 trains on lengths 1-50, so 41 is no extrapolation"),
+    (["--test-lengths", "40,41"], "parity_check trains on lengths 1-40, so 40 is no extrapolation; give lengths above 40"),
 ])
 def test_flags_that_cannot_do_what_they_say_are_refused_before_any_run(
     flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
@@ -238,7 +246,7 @@ def test_resume_with_other_settings_is_refused_not_reported_as_their_result(
     before = output.read_text()
     capsys.readouterr()
     assert load_tool().main([*argv, "--steps", "200", "--resume"]) == 2
-    assert "holds parity_check regulargpt seed 0 run with steps 100 (now 200)" in capsys.readouterr().err
+    assert "holds parity_check regulargpt seed 100 run with steps 100 (now 200)" in capsys.readouterr().err
     assert load_tool().main([*common, "--test-lengths", "41", "--steps", "100", "--resume"]) == 2
     assert "test lengths 41-50 (2)" in capsys.readouterr().err
     assert output.read_text() == before
@@ -256,3 +264,38 @@ def test_a_refusal_costs_no_torch_import(tmp_path: Path) -> None:
              "except SystemExit as done:\n    print(done.code, 'torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["2", "False"], done.stderr
+
+
+def test_default_seeds_were_not_used_to_choose_the_defaults(tmp_path: Path) -> None:
+    """Seeds 0-19 served to find the training defaults (docs/regular-languages.md): a result claimed
+    with the defaults must come from seeds fixed before looking, as benchmarks/regular_seeds.py's."""
+    args = load_tool().parse_arguments(["--table61", "--output", str(tmp_path / "t.json")])
+    assert set(range(args.first_seed, args.first_seed + args.seeds)).isdisjoint(range(20))
+    assert args.first_seed == load_seeds_benchmark().parse_args([]).first_seed
+
+
+def test_results_of_a_command_that_stopped_say_they_are_incomplete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The files are rewritten after every run: if a later run fails, what is left must not read as
+    the final table; once every run is in (after --resume), it does."""
+    monkeypatch.setattr(bench, "plot_accuracy", lambda results, path: Path(path).write_bytes(b"png"))
+    calls = []
+
+    def second_run_fails(*args, **kwargs):
+        calls.append(args[2])
+        if len(calls) == 2:
+            raise RuntimeError("planted failure in the second run")
+        return fake_record(*args)
+
+    monkeypatch.setattr(bench, "run", second_run_fails)
+    output = tmp_path / "r.json"
+    argv = ["--task", "parity_check", "--seeds", "3", "--test-lengths", "41", "--output", str(output)]
+    with pytest.raises(RuntimeError, match="planted"):
+        load_tool().main(argv)
+    doc = json.loads(output.read_text())
+    assert (len(doc["results"]), doc["runs_missing"], doc["complete"]) == (1, 2, False)
+    assert "Incomplete: 2 of the 3 runs asked for are missing" in output.with_suffix(".md").read_text()
+    monkeypatch.setattr(bench, "run", fake_record)
+    assert load_tool().main([*argv, "--resume"]) == 0
+    doc = json.loads(output.read_text())
+    assert (len(doc["results"]), doc["complete"]) == (3, True)
+    assert "Incomplete" not in output.with_suffix(".md").read_text()

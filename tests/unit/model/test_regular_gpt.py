@@ -194,3 +194,41 @@ def test_flex_forward_and_backward_agree_with_eager_on_cuda() -> None:
     torch.testing.assert_close(results["flex"][0], results["eager"][0], atol=1e-5, rtol=1e-5)
     for flex_grad, eager_grad in zip(results["flex"][1], results["eager"][1]):
         torch.testing.assert_close(flex_grad, eager_grad, atol=1e-4, rtol=1e-4)
+
+
+# Eq. 6.1 written out by hand for T = 8: row m lists, for every key n, the k = (m - n) / C**l of a
+# visible pair ("." where -inf); "p" in front marks a query one of whose C keys lies before position 0
+# (it reads the pad slot when padded).
+HAND_MASKS = {
+    (2, 0): ["p0.......", ".10......", "..10.....", "...10....", "....10...", ".....10..", "......10.", ".......10"],
+    (2, 1): ["p0.......", "p.0......", ".1.0.....", "..1.0....", "...1.0...", "....1.0..", ".....1.0.", "......1.0"],
+    (2, 2): ["p0.......", "p.0......", "p..0.....", "p...0....", ".1...0...", "..1...0..", "...1...0.", "....1...0"],
+    (3, 1): ["p0.......", "p.0......", "p..0.....", "p1..0....", "p.1..0...", "p..1..0..", ".2..1..0.", "..2..1..0"],
+}
+
+
+@pytest.mark.parametrize(("chunk", "level"), list(HAND_MASKS))
+def test_dense_term_and_flex_mask_match_the_hand_written_eq_6_1(chunk: int, level: int) -> None:
+    from torch.nn.attention.flex_attention import create_mask
+
+    from kerple.positional.dilated import dense_term, flex_mods
+
+    scalars = torch.tensor([[0.5, -1.25, 2.0][:chunk]])  # one head, distinct r_k
+    rows = HAND_MASKS[chunk, level]
+    for padded in (True, False):
+        term = dense_term(scalars, 8, chunk**level, padded)[0]  # [1 + T, 1 + T]
+        flex = create_mask(flex_mods(scalars, chunk**level, padded).mask_mod, None, None, 9, 9, device="cpu")[0, 0]
+        assert term[0, 0] == 0 and torch.isinf(term[0, 1:]).all() and flex[0].tolist() == [True] + [False] * 8
+        for m, row in enumerate(rows):
+            pad_seen = row[0] == "p" and padded
+            assert torch.isfinite(term[m + 1, 0]).item() == pad_seen and flex[m + 1, 0].item() == pad_seen
+            for n, mark in enumerate(row[1:]):
+                assert flex[m + 1, n + 1].item() == (mark != "."), (chunk, level, m, n)
+                want = float("-inf") if mark == "." else scalars[0, int(mark)].item()
+                assert term[m + 1, n + 1].item() == want, (chunk, level, m, n)
+    # the pad slot's logit is logsumexp of r over the absent keys: C = 3, D = 3, query 0 misses k = 1, 2,
+    # query 3 misses k = 2 only
+    term = dense_term(scalars, 8, 3, True)[0] if chunk == 3 else None
+    if term is not None:
+        torch.testing.assert_close(term[1, 0], torch.logsumexp(scalars[0, 1:], 0))
+        torch.testing.assert_close(term[4, 0], scalars[0, 2])
