@@ -58,6 +58,27 @@ def _load_tile(pointer, rows, row_ok, dims, dim_ok, row_stride, UPCAST: tl.const
 
 
 @triton.jit
+def _program_tiles(heads, length, stride_batch, stride_head, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """What every program starts from: its batch·head, head (int64), where that head's ``[L, D]`` matrix starts
+    (these strides), the head dimension's indices and mask, and its block's positions and mask."""
+    batch_head = tl.program_id(1)
+    head = (batch_head % heads).to(tl.int64)
+    base = _head_start(batch_head, heads, stride_batch, stride_head)
+    dims = tl.arange(0, BLOCK_D)
+    positions = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    return batch_head, head, base, dims, dims < HEAD_DIM, positions, positions < length
+
+
+@triton.jit
+def _row_statistics(LSE, DELTA, batch_head, length, rows, row_ok):
+    """``lse`` and ``rowsum(dO ∘ O)`` of the rows ``rows``."""
+    start = batch_head.to(tl.int64) * length
+    return (tl.load(LSE + start + rows, mask=row_ok, other=0.0),
+            tl.load(DELTA + start + rows, mask=row_ok, other=0.0))
+
+
+@triton.jit
 def _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
             BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr,
             INPUT_PRECISION: tl.constexpr):
@@ -88,14 +109,9 @@ def _forward(
 ):
     """Algorithm 1 for query block ``program_id(0)`` of batch·head ``program_id(1)``: ``OUT`` and ``LSE``."""
     query_block = tl.program_id(0)
-    batch_head = tl.program_id(1)
-    head = (batch_head % heads).to(tl.int64)
-    base = _head_start(batch_head, heads, qkv_batch, qkv_head)
+    batch_head, head, base, dims, dim_ok, rows, row_ok = _program_tiles(heads, length, qkv_batch, qkv_head,
+                                                                        HEAD_DIM, BLOCK_D, BLOCK)
     offsets = tl.arange(0, BLOCK)
-    dims = tl.arange(0, BLOCK_D)
-    dim_ok = dims < HEAD_DIM
-    rows = query_block * BLOCK + offsets
-    row_ok = rows < length
     q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, qkv_row, UPCAST)
     row_max = tl.full([BLOCK], MASKED, tl.float32)
     row_sum = tl.zeros([BLOCK], dtype=tl.float32)
@@ -136,15 +152,10 @@ def _backward_keys(
     sums of ``dS`` (and ``dS ∘ x``) into slot ``(key block, band, batch·head)`` of the partial buffers;
     ``DK``, ``DV`` contiguous."""
     key_block = tl.program_id(0)
-    batch_head = tl.program_id(1)
-    head = (batch_head % heads).to(tl.int64)
-    base = _head_start(batch_head, heads, qkv_batch, qkv_head)
+    batch_head, head, base, dims, dim_ok, cols, col_ok = _program_tiles(heads, length, qkv_batch, qkv_head,
+                                                                        HEAD_DIM, BLOCK_D, BLOCK)
     grad_base = _head_start(batch_head, heads, do_batch, do_head)
     offsets = tl.arange(0, BLOCK)
-    dims = tl.arange(0, BLOCK_D)
-    dim_ok = dims < HEAD_DIM
-    cols = key_block * BLOCK + offsets
-    col_ok = cols < length
     k = _load_tile(K + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
     v = _load_tile(V + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
     grad_key = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
@@ -156,8 +167,7 @@ def _backward_keys(
             row_ok = rows < length
             q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, qkv_row, UPCAST)
             do = _load_tile(DO + grad_base, rows, row_ok, dims, dim_ok, do_row, UPCAST)
-            lse = tl.load(LSE + batch_head.to(tl.int64) * length + rows, mask=row_ok, other=0.0)
-            delta = tl.load(DELTA + batch_head.to(tl.int64) * length + rows, mask=row_ok, other=0.0)
+            lse, delta = _row_statistics(LSE, DELTA, batch_head, length, rows, row_ok)
             x, score, visible, scale = _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
                                                BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, INPUT_PRECISION)
             probs = tl.where(visible, tl.exp(tl.where(visible, score - lse[:, None], MASKED)), 0.0)
@@ -179,26 +189,21 @@ def _backward_keys(
 @triton.jit
 def _backward_queries(
     Q, K, V, DO, LSE, DELTA, BIAS, SCALE, DQ, heads, length, window, sm_scale, qkv_batch, qkv_head, qkv_row,
-    do_batch, do_head, do_row, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BANDS: tl.constexpr,
+    do_batch, do_head, do_row,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BANDS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     """``dQ`` (contiguous) of query block ``program_id(0)``: Algorithm 2's inner update, looped over the key
     blocks."""
     query_block = tl.program_id(0)
-    batch_head = tl.program_id(1)
-    head = (batch_head % heads).to(tl.int64)
-    base = _head_start(batch_head, heads, qkv_batch, qkv_head)
+    batch_head, head, base, dims, dim_ok, rows, row_ok = _program_tiles(heads, length, qkv_batch, qkv_head,
+                                                                        HEAD_DIM, BLOCK_D, BLOCK)
     offsets = tl.arange(0, BLOCK)
-    dims = tl.arange(0, BLOCK_D)
-    dim_ok = dims < HEAD_DIM
-    rows = query_block * BLOCK + offsets
-    row_ok = rows < length
     q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, qkv_row, UPCAST)
     do = _load_tile(DO + _head_start(batch_head, heads, do_batch, do_head), rows, row_ok, dims, dim_ok, do_row,
                     UPCAST)
-    lse = tl.load(LSE + batch_head.to(tl.int64) * length + rows, mask=row_ok, other=0.0)
-    delta = tl.load(DELTA + batch_head.to(tl.int64) * length + rows, mask=row_ok, other=0.0)
+    lse, delta = _row_statistics(LSE, DELTA, batch_head, length, rows, row_ok)
     grad_query = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
     for band in range(BANDS):
         key_block = query_block - band
