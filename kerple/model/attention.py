@@ -18,7 +18,7 @@ logits after the bias) divides step 4's result. Every kernel gets it the same wa
 change of its own: the query is divided by τ after the rotation and the model divides the distance
 tables' bias by τ (``AttentionContext.temperature`` records τ), so ``(q·kᵀ/√d · s + b)/τ`` holds.
 
-The three kernels compute the same function (tests check agreement to 1e-5 in fp32):
+The four kernels compute the same function (tests check agreement to 1e-5 in fp32):
 
 * ``eager`` restates the reference math with scores and softmax in fp32; the dense
   ``[H, q, k]`` bias/scale are gathered from the distance tables (or evaluated from the closed form

@@ -178,8 +178,19 @@ def summary_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append({
             "task": task, "arch": arch, "seeds": len(values), "max": max(values), "avg": float(np.mean(values)),
             "thesis": TABLE_6_1.get(task, {}).get(column) if column else None,
+            "pos_emb": records[0]["settings"].get("pos_emb") if arch == "transformer" else None,
         })
     return rows
+
+
+def _headers(arch: str, rows: list[dict[str, Any]]) -> str:
+    """The two column headers of ``arch``: the transformer's name its embedding, and the thesis' baseline
+    its own (Transformer-XL's relative positions), which the table's numbers come from."""
+    if arch != "transformer":
+        return f"{arch}: ours Max / Avg (seeds) | {arch}: thesis"
+    embeddings = sorted({str(row.get("pos_emb")) for row in rows if row["arch"] == arch and row.get("pos_emb")})
+    ours = f"transformer ({', '.join(embeddings)})" if embeddings else "transformer"
+    return f"{ours}: ours Max / Avg (seeds) | transformer (Transformer-XL positions): thesis"
 
 
 def summary_table(rows: list[dict[str, Any]]) -> str:
@@ -187,7 +198,7 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     archs = list(dict.fromkeys(row["arch"] for row in rows))
     tasks = list(dict.fromkeys(row["task"] for row in rows))
     cells = {(row["task"], row["arch"]): row for row in rows}
-    header = "| task | " + " | ".join(f"{arch}: ours Max / Avg (seeds) | {arch}: thesis" for arch in archs) + " |"
+    header = "| task | " + " | ".join(_headers(arch, rows) for arch in archs) + " |"
     lines = [header, "|---" * (2 * len(archs) + 1) + "|"]
     for task in tasks:
         parts = []

@@ -35,6 +35,17 @@ def test_max_and_avg_over_seeds_beside_the_thesis() -> None:
     assert "| parity_check | 100.0 / 75.0 (3) | 100.0 / 98.9 | 60.0 / 60.0 (1) | 100.0 / 100.0 |" in table
 
 
+def test_the_transformer_column_names_its_embedding_and_the_thesis_baseline() -> None:
+    # the thesis' Transformer has Transformer-XL's relative positions (§6.4.2), whatever --pos-emb is here
+    records = [{"task": "parity_check", "arch": "transformer", "mean_accuracy": 0.5,
+                "settings": {"chunk_size": 2, "pos_emb": "alibi"}}]
+    table = summary_table(summary_rows(records))
+    header = table.splitlines()[0]
+    assert "transformer (alibi): ours" in header
+    assert "transformer (Transformer-XL positions): thesis" in header
+    assert "| parity_check | 50.0 / 50.0 (1) | 52.3 / 50.1 |" in table
+
+
 def test_table61_runs_every_task_and_resume_skips_what_is_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tool = load_tool()
     calls = []
