@@ -8,8 +8,11 @@ No GPU is needed: :mod:`kerple.measure.triton_offline` compiles each launch conf
 configuration of :func:`kerple.model.bias_gradient_triton.diagonal_partials` (dtype, head_dim, a scale
 table or not) x warps per program x the order of the diagonal sums (once per program, the default, or
 per tile). A spill is local memory traffic inside the kernel's loop; fewer registers a thread leave room
-for more programs per SM. Time still needs a GPU (``benchmarks/bias_gradient.py``). About 10-20 s per
-configuration on a CPU, cached by Triton after the first run. ``--kernel attention``: the forward and the two
+for more programs per SM. "async copies" counts the ``cp.async`` instructions of Triton's software
+pipelining (0: every load waits before the compute that reads it); "tensor cores" names the MMA
+instructions (wgmma on Hopper, mma.sync otherwise, none for fp32 at ``ieee`` precision). Time still needs a
+GPU (``benchmarks/bias_gradient.py``). About 10-20 s per configuration on a CPU, cached by Triton after
+the first run. ``--kernel attention``: the forward and the two
 backward kernels of :mod:`kerple.model.triton_attention_kernels` per dtype x head_dim x tables x warps, at 512
 tokens without a window.
 """
@@ -71,14 +74,14 @@ def main(argv: list[str] | None = None) -> int:
 def _print_resources(sixth: str, heads: list[str], found: list) -> None:
     """The table: each row's first seven cells (``heads``), then what compiling it used (``found``)."""
     print(f"| dtype | head_dim | tile | tables | warps | {sixth} | launched | registers | spill stores / loads (B) "
-          "| shared (KiB) |")
-    print("|---|---:|---:|---|---:|---|---|---:|---:|---:|")
+          "| shared (KiB) | async copies | tensor cores |")
+    print("|---|---:|---:|---|---:|---|---|---:|---:|---:|---:|---|")
     for head, resources in zip(heads, found):
         if resources.error:
-            print(f"{head} did not compile: {resources.error} | | |")
+            print(f"{head} did not compile: {resources.error} | | | | |")
         else:
             print(f"{head} {resources.registers} | {resources.spill_stores} / {resources.spill_loads} | "
-                  f"{resources.shared_bytes / 1024:g} |")
+                  f"{resources.shared_bytes / 1024:g} | {resources.async_copies} | {resources.tensor_cores or 'none'} |")
 
 
 def _attention(args: argparse.Namespace) -> int:

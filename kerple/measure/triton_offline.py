@@ -4,8 +4,9 @@ Triton's wheel carries NVIDIA's ``ptxas``, so a kernel goes through every stage 
 here (Triton's passes, LLVM, PTX, ``ptxas``) without a device: a kernel that fails to compile for a
 GPU fails here too (Triton 3.6 refuses 8 x 8 ``tl.dot`` tiles for sm_90 here as it did on an H200),
 and ``ptxas -v`` reports the registers per thread, the bytes spilled to local memory and the shared
-memory of each launch configuration. Spills and register counts decide occupancy; run time still
-needs a GPU.
+memory of each launch configuration; the PTX tells whether a loop's loads were pipelined (``cp.async``
+copies, issued stages ahead of the compute that reads them) and which tensor-core instructions the
+``tl.dot`` calls became. Spills and register counts decide occupancy; run time still needs a GPU.
 
 Triton's interpreter (``TRITON_INTERPRET=1``, how the tests run kernels on a CPU) replaces every
 ``@triton.jit`` function at import, so :func:`kernel_resources` compiles in a child process without
@@ -35,14 +36,17 @@ class Resources:
     spill_stores: int = 0
     spill_loads: int = 0
     shared_bytes: int = 0
+    async_copies: int = 0  # cp.async instructions: > 0 when Triton's pipeliner overlapped a loop's loads
+    tensor_cores: str = ""  # "wgmma" (Hopper's), "mma" (Ampere's, mma.sync) or "" (none: fp32 FMA)
     error: str | None = None
 
 
 def compile_here(kernel: str, signature: dict[str, str], constexprs: dict[str, Any], num_warps: int,
-                 arch: int = 90) -> Resources:
+                 arch: int = 90, num_stages: int | None = None) -> Resources:
     """Compile ``kernel`` (``"module:function"``, a ``@triton.jit`` function) for ``sm_<arch>`` in this
     process, which must not run Triton's interpreter. ``signature`` maps every parameter that is not in
-    ``constexprs`` to a Triton type (``"*bf16"``, ``"i32"``, ``"fp32"``)."""
+    ``constexprs`` to a Triton type (``"*bf16"``, ``"i32"``, ``"fp32"``); ``num_stages``: the software
+    pipeline's depth (``None``: Triton's default, 3 on NVIDIA GPUs)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -54,7 +58,8 @@ def compile_here(kernel: str, signature: dict[str, str], constexprs: dict[str, A
     source = ASTSource(fn=function, signature=types,
                        constexprs={(params.index(key),): value for key, value in constexprs.items()})
     try:
-        compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+        options = {"num_warps": num_warps, **({"num_stages": num_stages} if num_stages else {})}
+        compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     except Exception as error:  # Triton's pass failures are RuntimeErrors with the pass in the log
         return Resources(error=f"{type(error).__name__}: {str(error)[:200]}")
     suffix = "a" if arch == 90 else ""  # Hopper's tensor-core instructions need sm_90a
@@ -68,7 +73,11 @@ def compile_here(kernel: str, signature: dict[str, str], constexprs: dict[str, A
     registers = re.search(r"Used (\d+) registers", report)
     if spills is None or registers is None:
         raise RuntimeError(f"ptxas -v printed no register line:\n{report}")
-    return Resources(int(registers.group(1)), int(spills.group(1)), int(spills.group(2)), int(compiled.metadata.shared))
+    ptx_text = compiled.asm["ptx"]
+    copies = len(re.findall(r"^\s*cp\.async\.c[ag]\.", ptx_text, flags=re.MULTILINE))
+    cores = "wgmma" if "wgmma.mma_async" in ptx_text else "mma" if "mma.sync" in ptx_text else ""
+    return Resources(int(registers.group(1)), int(spills.group(1)), int(spills.group(2)), int(compiled.metadata.shared),
+                     copies, cores)
 
 
 def kernel_resources(requests: list[dict[str, Any]], timeout: float = 900.0) -> list[Resources]:

@@ -21,9 +21,14 @@ gradients are deterministic: ``dq`` comes from a second program per query block 
 loop of its own, rather than atomic adds). The buffer holds ``b·H·L²·2/B`` floats (``2·L·W/B`` per
 ``b·H`` with a window): 12.6 MB for 32 x 12 heads x 512 tokens at ``B = 64``.
 
-Loop bounds are compile-time constants (``BANDS``), and tiles outside the causal band are skipped by a
-branch: Triton's CPU interpreter, where the tests run these kernels, fails on run-time loop bounds with
-numpy 2.4. There ``UPCAST`` converts 16-bit operands to fp32 before ``tl.dot`` (the interpreter multiplies
+Each kernel's loop over tiles has two forms of one body (a ``_*_tile`` helper). On a GPU the bounds are
+computed at run time (the causal band's blocks), a plain loop that Triton's software pipeliner overlaps with
+its loads: compiled for sm_90 the tiles' loads become ``cp.async`` copies issued a stage ahead, where a
+branch inside the loop left every load waiting for the compute before it
+(``benchmarks/triton_resources.py --kernel attention``, "async copies"). Triton's CPU interpreter, where
+the tests run these kernels, fails on run-time loop bounds with numpy 2.4, so there (``STATIC_LOOP``) the
+loop runs ``BANDS`` times, a compile-time constant, and skips the tiles outside the band by a branch; both
+forms visit the tiles in the same order. In the interpreter ``UPCAST`` converts 16-bit operands to fp32 before ``tl.dot`` (the interpreter multiplies
 bf16 operands as raw 16-bit integers); on a GPU they reach the tensor cores as they are, fp32 accumulation
 either way.
 """
@@ -100,38 +105,54 @@ def _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
 
 
 @triton.jit
+def _forward_tile(q, key_block, row_max, row_sum, acc, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head, length,
+                  window, sm_scale, qkv_row, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr,
+                  HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Algorithm 1's update for key block ``key_block``: the rows' running max, sum and output accumulator."""
+    cols = key_block * BLOCK + tl.arange(0, BLOCK)
+    col_ok = cols < length
+    k = _load_tile(K + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
+    v = _load_tile(V + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
+    _, score, visible, _ = _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
+                                   BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, INPUT_PRECISION)
+    score = tl.where(visible, score, MASKED)
+    new_max = tl.maximum(row_max, tl.max(score, axis=1))
+    probs = tl.where(visible, tl.exp(score - new_max[:, None]), 0.0)
+    correction = tl.exp(row_max - new_max)
+    row_sum = row_sum * correction + tl.sum(probs, axis=1)
+    acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    return new_max, row_sum, acc
+
+
+@triton.jit
 def _forward(
     Q, K, V, BIAS, SCALE, OUT, LSE, heads, length, window, sm_scale, qkv_batch, qkv_head, qkv_row,
     out_batch, out_head, out_row,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BANDS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, STATIC_LOOP: tl.constexpr,
 ):
-    """Algorithm 1 for query block ``program_id(0)`` of batch·head ``program_id(1)``: ``OUT`` and ``LSE``."""
+    """Algorithm 1 for query block ``program_id(0)`` of batch·head ``program_id(1)``: ``OUT`` and ``LSE``. The key
+    blocks come in ascending order under both loop forms (module docstring)."""
     query_block = tl.program_id(0)
     batch_head, head, base, dims, dim_ok, rows, row_ok = _program_tiles(heads, length, qkv_batch, qkv_head,
                                                                         HEAD_DIM, BLOCK_D, BLOCK)
-    offsets = tl.arange(0, BLOCK)
     q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, qkv_row, UPCAST)
     row_max = tl.full([BLOCK], MASKED, tl.float32)
     row_sum = tl.zeros([BLOCK], dtype=tl.float32)
     acc = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
-    for band in range(BANDS):
-        key_block = query_block - band
-        if key_block >= 0:
-            cols = key_block * BLOCK + offsets
-            col_ok = cols < length
-            k = _load_tile(K + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
-            v = _load_tile(V + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
-            _, score, visible, _ = _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
-                                           BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, INPUT_PRECISION)
-            score = tl.where(visible, score, MASKED)
-            new_max = tl.maximum(row_max, tl.max(score, axis=1))
-            probs = tl.where(visible, tl.exp(score - new_max[:, None]), 0.0)
-            correction = tl.exp(row_max - new_max)
-            row_sum = row_sum * correction + tl.sum(probs, axis=1)
-            acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=INPUT_PRECISION)
-            row_max = new_max
+    if STATIC_LOOP:
+        for band in range(BANDS):
+            key_block = query_block + band - (BANDS - 1)
+            if key_block >= 0:
+                row_max, row_sum, acc = _forward_tile(
+                    q, key_block, row_max, row_sum, acc, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head, length,
+                    window, sm_scale, qkv_row, BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
+    else:
+        for key_block in range(tl.maximum(query_block - (BANDS - 1), 0), query_block + 1):
+            row_max, row_sum, acc = _forward_tile(
+                q, key_block, row_max, row_sum, acc, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head, length,
+                window, sm_scale, qkv_row, BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
     row_sum = tl.where(row_ok, row_sum, 1.0)  # rows past the end see no key; they are not stored
     out = acc / row_sum[:, None]
     tl.store(OUT + _head_start(batch_head, heads, out_batch, out_head) + rows[:, None] * out_row + dims[None, :],
@@ -141,49 +162,86 @@ def _forward(
 
 
 @triton.jit
+def _backward_keys_tile(k, v, query_block, band, key_block, grad_key, grad_value, Q, DO, LSE, DELTA, BIAS, SCALE,
+                        BIAS_OUT, SCALE_OUT, batch_head, head, base, grad_base, dims, dim_ok, cols, length, window,
+                        sm_scale, qkv_row, do_row, BLOCK: tl.constexpr, BANDS: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                        UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Algorithm 2's inner step for query block ``query_block`` (on band ``band``): ``dK`` and ``dV`` so far, and
+    the tile's diagonal sums of ``dS`` (and ``dS ∘ x``) stored in its slot of the partial buffers."""
+    rows = query_block * BLOCK + tl.arange(0, BLOCK)
+    row_ok = rows < length
+    q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, qkv_row, UPCAST)
+    do = _load_tile(DO + grad_base, rows, row_ok, dims, dim_ok, do_row, UPCAST)
+    lse, delta = _row_statistics(LSE, DELTA, batch_head, length, rows, row_ok)
+    x, score, visible, scale = _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
+                                       BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, INPUT_PRECISION)
+    probs = tl.where(visible, tl.exp(tl.where(visible, score - lse[:, None], MASKED)), 0.0)
+    grad_probs = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+    grad_scores = probs * (grad_probs - delta[:, None])  # dS [B, B]
+    grad_value += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=INPUT_PRECISION)
+    grad_key += tl.dot(tl.trans((grad_scores * scale).to(q.dtype)), q, input_precision=INPUT_PRECISION)
+    slot = ((key_block * BANDS + band) * tl.num_programs(1) + batch_head).to(tl.int64) * 2 * BLOCK
+    if HAS_BIAS:
+        tl.store(BIAS_OUT + slot + tl.arange(0, 2 * BLOCK), tile_diagonal_sums(grad_scores, BLOCK))
+    if HAS_SCALE:
+        tl.store(SCALE_OUT + slot + tl.arange(0, 2 * BLOCK), tile_diagonal_sums(grad_scores * x, BLOCK))
+    return grad_key, grad_value
+
+
+@triton.jit
 def _backward_keys(
     Q, K, V, DO, LSE, DELTA, BIAS, SCALE, DK, DV, BIAS_OUT, SCALE_OUT, heads, length, window, sm_scale,
     qkv_batch, qkv_head, qkv_row, do_batch, do_head, do_row,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BANDS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, STATIC_LOOP: tl.constexpr,
 ):
-    """Algorithm 2's outer loop for key block ``program_id(0)``: ``dK``, ``dV`` and each tile's diagonal
-    sums of ``dS`` (and ``dS ∘ x``) into slot ``(key block, band, batch·head)`` of the partial buffers;
-    ``DK``, ``DV`` contiguous."""
+    """Algorithm 2's outer loop for key block ``program_id(0)``, band by band: ``dK``, ``dV`` (contiguous) and
+    each tile's diagonal sums into slot ``(key block, band, batch·head)`` of the partial buffers."""
     key_block = tl.program_id(0)
     batch_head, head, base, dims, dim_ok, cols, col_ok = _program_tiles(heads, length, qkv_batch, qkv_head,
                                                                         HEAD_DIM, BLOCK_D, BLOCK)
     grad_base = _head_start(batch_head, heads, do_batch, do_head)
-    offsets = tl.arange(0, BLOCK)
     k = _load_tile(K + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
     v = _load_tile(V + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
     grad_key = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
     grad_value = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
-    for band in range(BANDS):
-        query_block = key_block + band
-        if query_block * BLOCK < length:
-            rows = query_block * BLOCK + offsets
-            row_ok = rows < length
-            q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, qkv_row, UPCAST)
-            do = _load_tile(DO + grad_base, rows, row_ok, dims, dim_ok, do_row, UPCAST)
-            lse, delta = _row_statistics(LSE, DELTA, batch_head, length, rows, row_ok)
-            x, score, visible, scale = _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
-                                               BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, INPUT_PRECISION)
-            probs = tl.where(visible, tl.exp(tl.where(visible, score - lse[:, None], MASKED)), 0.0)
-            grad_probs = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
-            grad_scores = probs * (grad_probs - delta[:, None])  # dS [B, B]
-            grad_value += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=INPUT_PRECISION)
-            grad_key += tl.dot(tl.trans((grad_scores * scale).to(q.dtype)), q, input_precision=INPUT_PRECISION)
-            slot = ((key_block * BANDS + band) * tl.num_programs(1) + batch_head).to(tl.int64) * 2 * BLOCK
-            if HAS_BIAS:
-                tl.store(BIAS_OUT + slot + tl.arange(0, 2 * BLOCK), tile_diagonal_sums(grad_scores, BLOCK))
-            if HAS_SCALE:
-                tl.store(SCALE_OUT + slot + tl.arange(0, 2 * BLOCK), tile_diagonal_sums(grad_scores * x, BLOCK))
+    if STATIC_LOOP:
+        for band in range(BANDS):
+            if (key_block + band) * BLOCK < length:
+                grad_key, grad_value = _backward_keys_tile(
+                    k, v, key_block + band, band, key_block, grad_key, grad_value, Q, DO, LSE, DELTA, BIAS, SCALE,
+                    BIAS_OUT, SCALE_OUT, batch_head, head, base, grad_base, dims, dim_ok, cols, length, window,
+                    sm_scale, qkv_row, do_row, BLOCK, BANDS, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
+    else:
+        for query_block in range(key_block, tl.minimum(key_block + BANDS, tl.cdiv(length, BLOCK))):
+            grad_key, grad_value = _backward_keys_tile(
+                k, v, query_block, query_block - key_block, key_block, grad_key, grad_value, Q, DO, LSE, DELTA, BIAS,
+                SCALE, BIAS_OUT, SCALE_OUT, batch_head, head, base, grad_base, dims, dim_ok, cols, length, window,
+                sm_scale, qkv_row, do_row, BLOCK, BANDS, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
     pointers = batch_head.to(tl.int64) * length * HEAD_DIM + cols[:, None] * HEAD_DIM + dims[None, :]
     tile_ok = col_ok[:, None] & dim_ok[None, :]
     tl.store(DK + pointers, (grad_key * sm_scale).to(DK.dtype.element_ty), mask=tile_ok)
     tl.store(DV + pointers, grad_value.to(DV.dtype.element_ty), mask=tile_ok)
+
+
+@triton.jit
+def _backward_queries_tile(q, do, lse, delta, key_block, grad_query, K, V, BIAS, SCALE, base, rows, dims, dim_ok,
+                           head, length, window, sm_scale, qkv_row, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
+                           INPUT_PRECISION: tl.constexpr):
+    """Algorithm 2's ``dQ`` update for key block ``key_block``."""
+    cols = key_block * BLOCK + tl.arange(0, BLOCK)
+    col_ok = cols < length
+    k = _load_tile(K + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
+    v = _load_tile(V + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
+    _, score, visible, scale = _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
+                                       BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, INPUT_PRECISION)
+    probs = tl.where(visible, tl.exp(tl.where(visible, score - lse[:, None], MASKED)), 0.0)
+    grad_probs = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+    grad_logits = probs * (grad_probs - delta[:, None]) * scale  # dS ∘ scale, the gradient of x
+    return grad_query + tl.dot(grad_logits.to(k.dtype), k, input_precision=INPUT_PRECISION)
 
 
 @triton.jit
@@ -192,32 +250,30 @@ def _backward_queries(
     do_batch, do_head, do_row,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BANDS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, STATIC_LOOP: tl.constexpr,
 ):
     """``dQ`` (contiguous) of query block ``program_id(0)``: Algorithm 2's inner update, looped over the key
-    blocks."""
+    blocks in ascending order."""
     query_block = tl.program_id(0)
     batch_head, head, base, dims, dim_ok, rows, row_ok = _program_tiles(heads, length, qkv_batch, qkv_head,
                                                                         HEAD_DIM, BLOCK_D, BLOCK)
-    offsets = tl.arange(0, BLOCK)
     q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, qkv_row, UPCAST)
     do = _load_tile(DO + _head_start(batch_head, heads, do_batch, do_head), rows, row_ok, dims, dim_ok, do_row,
                     UPCAST)
     lse, delta = _row_statistics(LSE, DELTA, batch_head, length, rows, row_ok)
     grad_query = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
-    for band in range(BANDS):
-        key_block = query_block - band
-        if key_block >= 0:
-            cols = key_block * BLOCK + offsets
-            col_ok = cols < length
-            k = _load_tile(K + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
-            v = _load_tile(V + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
-            _, score, visible, scale = _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
-                                               BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, INPUT_PRECISION)
-            probs = tl.where(visible, tl.exp(tl.where(visible, score - lse[:, None], MASKED)), 0.0)
-            grad_probs = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
-            grad_logits = probs * (grad_probs - delta[:, None]) * scale  # dS ∘ scale, the gradient of x
-            grad_query += tl.dot(grad_logits.to(k.dtype), k, input_precision=INPUT_PRECISION)
+    if STATIC_LOOP:
+        for band in range(BANDS):
+            key_block = query_block + band - (BANDS - 1)
+            if key_block >= 0:
+                grad_query = _backward_queries_tile(
+                    q, do, lse, delta, key_block, grad_query, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head,
+                    length, window, sm_scale, qkv_row, BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
+    else:
+        for key_block in range(tl.maximum(query_block - (BANDS - 1), 0), query_block + 1):
+            grad_query = _backward_queries_tile(
+                q, do, lse, delta, key_block, grad_query, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head,
+                length, window, sm_scale, qkv_row, BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
     pointers = batch_head.to(tl.int64) * length * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :]
     tl.store(DQ + pointers, (grad_query * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
@@ -230,18 +286,22 @@ def tile_size(dtype: torch.dtype, head_dim: int) -> int:
 
 def launch_settings(dtype: torch.dtype, head_dim: int, length: int, has_bias: bool, has_scale: bool,
                     window: int | None, block: int | None = None, interpret: bool = False) -> dict:
-    """The compile-time arguments and ``num_warps`` shared by the three kernels. Eight warps: compiled offline
-    for sm_90 (Triton 3.6, ``benchmarks/triton_resources.py --kernel attention``), four spilled registers in
-    every 16-bit configuration at head_dim 64 (256 B a thread in the key-side backward with a bias table), eight
-    none with a bias table alone (116 B in the key-side backward with both tables, bf16); not timed on a GPU."""
+    """The compile-time arguments, ``num_warps`` and ``num_stages`` shared by the three kernels, chosen from
+    their compilation offline for sm_90 (Triton 3.6, ``benchmarks/triton_resources.py --kernel attention``); not
+    timed on a GPU. Eight warps: with four, every 16-bit configuration at head_dim 64 spills in the key-side
+    backward. In 16 bits two pipeline stages (the key tiles' loads issued one tile ahead): with a bias table
+    alone nothing spills, at head_dims 64 and 128; with both tables at head_dim 64 the key-side backward spills
+    60 B a thread (28 B with three stages, and 8 B in the query-side one). fp32: Triton's three at head_dim 64
+    (8 B spilled), one (loads not overlapped) at 128, where three spill 900 B in the key-side backward and one
+    252 B."""
     block = block or tile_size(dtype, head_dim)
     _, bands = tile_layout(length, block, window)
     return dict(
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK=block, BANDS=bands,
         HAS_BIAS=has_bias, HAS_SCALE=has_scale, HAS_WINDOW=window is not None,
         UPCAST=interpret and dtype != torch.float32,
-        INPUT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
-        num_warps=8,
+        INPUT_PRECISION="ieee" if dtype == torch.float32 else "tf32", STATIC_LOOP=interpret,
+        num_warps=8, num_stages=2 if dtype != torch.float32 else 3 if head_dim <= 64 else 1,
     )
 
 
@@ -259,7 +319,7 @@ def offline_requests(dtype: torch.dtype, head_dim: int, has_scale: bool, length:
     with a bias table (and a scale table when ``has_scale``)."""
     element = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
     constexprs = launch_settings(dtype, head_dim, length, True, has_scale, window)
-    warps = constexprs.pop("num_warps")
+    warps, stages = constexprs.pop("num_warps"), constexprs.pop("num_stages")
     integers = dict.fromkeys(["heads", "length", "window", *(f"{t}_{axis}" for t in ("qkv", "out", "do")
                                                                for axis in ("batch", "head", "row"))], "i32")
     tables = dict.fromkeys(["BIAS", "SCALE", "LSE", "DELTA", "BIAS_OUT", "SCALE_OUT"], "*fp32")
@@ -273,7 +333,7 @@ def offline_requests(dtype: torch.dtype, head_dim: int, has_scale: bool, length:
         signature = {**dict.fromkeys(tensors, f"*{element}"), **tables, **integers, "sm_scale": "fp32"}
         signature = {param: signature[param] for param in kernel.arg_names if param not in constexprs}
         requests[name] = {"kernel": f"{__name__}:{name}", "signature": signature, "constexprs": constexprs,
-                          "num_warps": num_warps or warps}
+                          "num_warps": num_warps or warps, "num_stages": stages}
     return requests
 
 

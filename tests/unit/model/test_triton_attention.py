@@ -227,3 +227,30 @@ def test_every_command_line_offers_every_kernel() -> None:
     field = next(f for f in dataclasses.fields(AttentionConfig) if f.name == "attention_impl")
     annotation = typing.get_type_hints(AttentionConfig)[field.name]
     assert set(ATTENTION_IMPL_CHOICES) == set(typing.get_args(annotation)) == {*ATTENTION_IMPLS, AUTO}
+
+
+@pytest.mark.slow
+@pytest.mark.process
+def test_the_loops_over_tiles_are_pipelined_for_sm90() -> None:
+    """Compiled offline for an H100/H200 (Triton and its ``ptxas``, no GPU): in every kernel the key or query
+    tiles' loads are ``cp.async`` copies issued ahead of the compute (Triton's software pipelining, which a
+    branch inside the loop prevents: the kernels had 0), the dots run on Hopper's wgmma at head_dim 64, and with
+    a bias table alone (KERPLE-log, ALiBi, T5) no launch spills a register. fp32 at head_dim 128 runs one
+    stage: no copy issued ahead."""
+    from kerple.measure.triton_offline import kernel_resources
+    from kerple.model.triton_attention_kernels import offline_requests
+
+    cases = [(torch.bfloat16, 64, False), (torch.float16, 64, False), (torch.bfloat16, 128, False),
+             (torch.bfloat16, 64, True), (torch.float32, 128, False)]
+    labelled = [(case, name, request) for case in cases for name, request in offline_requests(*case).items()]
+    found = kernel_resources([request for *_, request in labelled])
+    for ((dtype, head_dim, scale), name, _), resources in zip(labelled, found):
+        label = (dtype, head_dim, scale, name, resources)
+        assert resources.error is None, label
+        if dtype == torch.float32:
+            assert resources.async_copies == 0 and resources.tensor_cores == "", label
+            continue
+        assert resources.async_copies > 0, label
+        assert resources.tensor_cores == ("wgmma" if head_dim == 64 else "mma"), label
+        if not scale:
+            assert resources.spill_stores == resources.spill_loads == 0, label
