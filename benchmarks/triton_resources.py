@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kernel == "attention":
         return _attention(args)
     from kerple.measure.triton_offline import kernel_resources
-    from kerple.model.bias_gradient_triton import GATHER_EACH_TILE, offline_request, tile_size, warps
+    from kerple.model.bias_gradient_triton import GATHER_EACH_TILE, WARPS, offline_request, tile_size
 
     cases = list(itertools.product(args.dtypes, args.head_dims, (False, True), args.warps, (False, True)))
     requests = [offline_request(DTYPES[dtype], head_dim, scale, num_warps=warps, gather_each_tile=each)
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     heads = []
     for dtype, head_dim, scale, count, each in cases:
         tile = tile_size(DTYPES[dtype], head_dim)
-        launched = count == warps(DTYPES[dtype], head_dim, scale) and each == GATHER_EACH_TILE
+        launched = count == WARPS and each == GATHER_EACH_TILE
         heads.append(f"| {dtype} | {head_dim} | {tile} | {'bias, scale' if scale else 'bias'} | {count} | "
                      f"{'per tile' if each else 'per program'} | {'yes' if launched else ''} |")
     _print_resources("diagonal sums", heads, kernel_resources(requests))

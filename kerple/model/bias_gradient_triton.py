@@ -17,9 +17,14 @@ end, not once per tile: slot ``c`` of the ``[2B]`` result holds local offset ``i
 adds the bands' halves where they overlap (:func:`diagonal_partials`). No atomics: deterministic. The buffer is
 ``chunks x bands x b·H x 2B`` floats per table, a vector per tile group, not a score matrix.
 
-Loop bounds are compile-time constants (``CHUNK``): Triton's CPU interpreter (``TRITON_INTERPRET=1``
-when triton is imported), where the tests run the kernel, fails on loop bounds computed at run time
-with numpy 2.4. There ``UPCAST`` converts 16-bit operands to fp32 before ``tl.dot``: Triton 3.6's
+The loop over a chunk's tiles has two forms of one body (:func:`_band_tile`). On a GPU its bounds are
+computed at run time and ``tl.range`` asks for :data:`STAGES` pipeline stages: compiled for sm_90, the tiles'
+loads become ``cp.async`` copies issued ahead of the compute. A plain ``range`` over the same bounds was left
+unpipelined by Triton 3.6 in 16 bits, as was the compile-time loop with a branch inside that the kernel had
+before (``benchmarks/triton_resources.py``, "async copies"). Triton's CPU interpreter (``TRITON_INTERPRET=1``
+when triton is imported), where the tests run the kernel, fails on loop bounds computed at run time with
+numpy 2.4, so there (``STAGES`` 0) the loop runs ``CHUNK`` times and skips the tiles outside the band by a
+branch; both forms visit the tiles in the same order. There ``UPCAST`` converts 16-bit operands to fp32 before ``tl.dot``: Triton 3.6's
 interpreter multiplies bf16 operands as their raw 16-bit integers. On a GPU the operands go to the
 tensor cores as they are (fp32 accumulation either way; products of 16-bit values are exact in fp32).
 """
@@ -31,6 +36,13 @@ import triton
 import triton.language as tl
 
 CHUNK = 16  # query blocks per program: the partial buffer shrinks by this factor, the grid with it
+STAGES = 2
+"""The software pipeline's depth on a GPU: the next tile's loads issued while one computes."""
+WARPS = 8
+"""Warps per program. Compiled offline for sm_90 (Triton 3.6, ``benchmarks/triton_resources.py``), eight warps
+and two stages spill nothing in bf16, fp16 and fp32 at head_dims 64 and 128, with one table or two (bf16
+kerple_log at head_dim 64: 177 registers a thread, 120 unpipelined); with four, the 16-bit 64 x 64 tiles
+spill once a scale table is summed too. Not timed on a GPU."""
 GATHER_EACH_TILE = False
 """True: sum each tile along its diagonals as it comes, as the kernel did before it added a band's
 tiles first and gathered once per program. Kept so that a GPU can time both orders
@@ -49,6 +61,60 @@ def tile_diagonal_sums(values, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _band_tile(query_block, key_block, sums, Q, K, V, DO, LSE, DELTA, BIAS, SCALE,
+               stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl,
+               stride_vb, stride_vh, stride_vl, stride_ob, stride_oh, stride_ol,
+               batch, head, batch_head, length, window, sm_scale, dims, dim_ok,
+               BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+               UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr, GATHER_EACH_TILE: tl.constexpr):
+    """The tile of ``(query_block, key_block)`` recomputed and its ``dS`` (and ``dS ∘ x``) added into ``sums``:
+    ``(bias, scale)`` tiles ``[B, B]`` added elementwise, or with ``GATHER_EACH_TILE`` diagonal sums ``[2B]``."""
+    offsets = tl.arange(0, BLOCK)
+    rows = query_block * BLOCK + offsets
+    cols = key_block * BLOCK + offsets
+    row_ok = rows < length
+    col_ok = cols < length
+    q = tl.load(Q + batch * stride_qb + head * stride_qh + rows[:, None] * stride_ql + dims[None, :],
+                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    do = tl.load(DO + batch * stride_ob + head * stride_oh + rows[:, None] * stride_ol + dims[None, :],
+                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    k = tl.load(K + batch * stride_kb + head * stride_kh + cols[:, None] * stride_kl + dims[None, :],
+                mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
+    v = tl.load(V + batch * stride_vb + head * stride_vh + cols[:, None] * stride_vl + dims[None, :],
+                mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
+    if UPCAST:
+        q, do, k, v = q.to(tl.float32), do.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
+    lse = tl.load(LSE + batch_head * length + rows, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + batch_head * length + rows, mask=row_ok, other=0.0)
+    distance = rows[:, None] - cols[None, :]  # [BLOCK, BLOCK]
+    valid = (distance >= 0) & row_ok[:, None] & col_ok[None, :]
+    if HAS_WINDOW:
+        valid = valid & (distance < window)
+    table_index = head * length + tl.minimum(tl.maximum(distance, 0), length - 1)
+    x = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * sm_scale  # fp32 [BLOCK, BLOCK]
+    score = x
+    if HAS_SCALE:
+        score = score * tl.load(SCALE + table_index, mask=valid, other=0.0)
+    if HAS_BIAS:
+        score = score + tl.load(BIAS + table_index, mask=valid, other=0.0)
+    probs = tl.where(valid, tl.exp(score - lse[:, None]), 0.0)
+    grad_probs = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # fp32 [BLOCK, BLOCK]
+    grad_scores = probs * (grad_probs - delta[:, None])
+    bias_part, scale_part = sums
+    if GATHER_EACH_TILE:
+        if HAS_BIAS:
+            bias_part += tile_diagonal_sums(grad_scores, BLOCK)
+        if HAS_SCALE:
+            scale_part += tile_diagonal_sums(grad_scores * x, BLOCK)
+    else:
+        if HAS_BIAS:
+            bias_part += grad_scores
+        if HAS_SCALE:
+            scale_part += grad_scores * x
+    return bias_part, scale_part
+
+
+@triton.jit
 def _band_sums(
     Q, K, V, DO, LSE, DELTA, BIAS, SCALE, BIAS_OUT, SCALE_OUT,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl,
@@ -57,68 +123,42 @@ def _band_sums(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr,
     UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr, GATHER_EACH_TILE: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     chunk = tl.program_id(0)
     band = tl.program_id(1)
     batch_head = tl.program_id(2)
     batch = (batch_head // heads).to(tl.int64)
     head = (batch_head % heads).to(tl.int64)
-    offsets = tl.arange(0, BLOCK)
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < HEAD_DIM
-    bias_tiles = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)  # the band's dS tiles, added elementwise
-    scale_tiles = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
-    bias_sums = tl.zeros([2 * BLOCK], dtype=tl.float32)  # GATHER_EACH_TILE: the tiles' diagonal sums
-    scale_sums = tl.zeros([2 * BLOCK], dtype=tl.float32)
-    for step in range(CHUNK):
-        query_block = chunk * CHUNK + step
-        key_block = query_block - band
-        if (query_block < query_blocks) & (key_block >= 0):
-            rows = query_block * BLOCK + offsets
-            cols = key_block * BLOCK + offsets
-            row_ok = rows < length
-            col_ok = cols < length
-            q = tl.load(Q + batch * stride_qb + head * stride_qh + rows[:, None] * stride_ql + dims[None, :],
-                        mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
-            do = tl.load(DO + batch * stride_ob + head * stride_oh + rows[:, None] * stride_ol + dims[None, :],
-                         mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
-            k = tl.load(K + batch * stride_kb + head * stride_kh + cols[:, None] * stride_kl + dims[None, :],
-                        mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
-            v = tl.load(V + batch * stride_vb + head * stride_vh + cols[:, None] * stride_vl + dims[None, :],
-                        mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
-            if UPCAST:
-                q, do, k, v = q.to(tl.float32), do.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
-            lse = tl.load(LSE + batch_head * length + rows, mask=row_ok, other=0.0)
-            delta = tl.load(DELTA + batch_head * length + rows, mask=row_ok, other=0.0)
-            distance = rows[:, None] - cols[None, :]  # [BLOCK, BLOCK]
-            valid = (distance >= 0) & row_ok[:, None] & col_ok[None, :]
-            if HAS_WINDOW:
-                valid = valid & (distance < window)
-            table_index = head * length + tl.minimum(tl.maximum(distance, 0), length - 1)
-            x = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * sm_scale  # fp32 [BLOCK, BLOCK]
-            score = x
-            if HAS_SCALE:
-                score = score * tl.load(SCALE + table_index, mask=valid, other=0.0)
-            if HAS_BIAS:
-                score = score + tl.load(BIAS + table_index, mask=valid, other=0.0)
-            probs = tl.where(valid, tl.exp(score - lse[:, None]), 0.0)
-            grad_probs = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # fp32 [BLOCK, BLOCK]
-            grad_scores = probs * (grad_probs - delta[:, None])
-            if GATHER_EACH_TILE:
-                if HAS_BIAS:
-                    bias_sums += tile_diagonal_sums(grad_scores, BLOCK)
-                if HAS_SCALE:
-                    scale_sums += tile_diagonal_sums(grad_scores * x, BLOCK)
-            else:
-                if HAS_BIAS:
-                    bias_tiles += grad_scores
-                if HAS_SCALE:
-                    scale_tiles += grad_scores * x
+    if GATHER_EACH_TILE:  # the tiles' diagonal sums as they come
+        sums = (tl.zeros([2 * BLOCK], dtype=tl.float32), tl.zeros([2 * BLOCK], dtype=tl.float32))
+    else:  # the band's dS tiles, added elementwise
+        sums = (tl.zeros([BLOCK, BLOCK], dtype=tl.float32), tl.zeros([BLOCK, BLOCK], dtype=tl.float32))
+    if STAGES == 0:  # compile-time bounds (module docstring)
+        for step in range(CHUNK):
+            query_block = chunk * CHUNK + step
+            if (query_block < query_blocks) & (query_block >= band):
+                sums = _band_tile(
+                    query_block, query_block - band, sums, Q, K, V, DO, LSE, DELTA, BIAS, SCALE,
+                    stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
+                    stride_ob, stride_oh, stride_ol, batch, head, batch_head, length, window, sm_scale, dims, dim_ok,
+                    BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION, GATHER_EACH_TILE)
+    else:  # run-time bounds, pipelined STAGES deep
+        for query_block in tl.range(tl.maximum(chunk * CHUNK, band), tl.minimum(chunk * CHUNK + CHUNK, query_blocks),
+                                    num_stages=STAGES):
+            sums = _band_tile(
+                query_block, query_block - band, sums, Q, K, V, DO, LSE, DELTA, BIAS, SCALE,
+                stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
+                stride_ob, stride_oh, stride_ol, batch, head, batch_head, length, window, sm_scale, dims, dim_ok,
+                BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION, GATHER_EACH_TILE)
+    bias_sums, scale_sums = sums
     if not GATHER_EACH_TILE:
         if HAS_BIAS:
-            bias_sums = tile_diagonal_sums(bias_tiles, BLOCK)
+            bias_sums = tile_diagonal_sums(bias_sums, BLOCK)
         if HAS_SCALE:
-            scale_sums = tile_diagonal_sums(scale_tiles, BLOCK)
+            scale_sums = tile_diagonal_sums(scale_sums, BLOCK)
     out = ((chunk * tl.num_programs(1) + band) * tl.num_programs(2) + batch_head) * 2 * BLOCK + tl.arange(0, 2 * BLOCK)
     if HAS_BIAS:
         tl.store(BIAS_OUT + out, bias_sums)
@@ -128,16 +168,8 @@ def _band_sums(
 
 def tile_size(dtype: torch.dtype, head_dim: int) -> int:
     """``B`` of the square ``B x B`` tiles: 64 in 16-bit, 32 in fp32 (at 64 its fp32 operand tiles spill
-    registers: :func:`warps`). Not timed on a GPU yet."""
+    registers: :data:`WARPS`). Not timed on a GPU yet."""
     return 32 if dtype == torch.float32 else 64
-
-
-def warps(dtype: torch.dtype, head_dim: int, scale: bool) -> int:
-    """Warps per program, the fewest registers with no spill in ``ptxas -v`` for sm_90 (Triton 3.6,
-    compiled offline: ``benchmarks/triton_resources.py``). 16-bit: 8 (with 4 the 64 x 64 tiles spill
-    once a scale table is summed too; with 8 kerple_log's, bf16 at head_dim 64, takes 118 registers a
-    thread, 233 with 4). fp32: 8, but 4 for a scale table over heads wider than 64, where 8 spills."""
-    return 4 if dtype == torch.float32 and scale and head_dim > 64 else 8
 
 
 def check_device(query: torch.Tensor, kernel: str) -> bool:
@@ -182,20 +214,22 @@ def diagonal_partials(
         _or(scale_out, bias_out),
         *strides, heads, length, window or length, query_blocks, head_dim**-0.5,
         **_launch_settings(query.dtype, head_dim, block, chunk, bias is not None, scale is not None, window is not None,
-                           upcast=interpret and query.dtype != torch.float32),
+                           interpret=interpret),
     )
     return bias_out, scale_out
 
 
 def _launch_settings(dtype: torch.dtype, head_dim: int, block: int, chunk: int, has_bias: bool, has_scale: bool,
-                     has_window: bool, upcast: bool = False, gather_each_tile: bool | None = None) -> dict:
-    """The kernel's compile-time arguments and ``num_warps`` for one launch."""
+                     has_window: bool, interpret: bool = False, gather_each_tile: bool | None = None) -> dict:
+    """The kernel's compile-time arguments and ``num_warps`` for one launch (``interpret``: in Triton's
+    interpreter, which needs compile-time loop bounds)."""
     return dict(
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK=block, CHUNK=chunk,
-        HAS_BIAS=has_bias, HAS_SCALE=has_scale, HAS_WINDOW=has_window, UPCAST=upcast,
+        HAS_BIAS=has_bias, HAS_SCALE=has_scale, HAS_WINDOW=has_window, UPCAST=interpret and dtype != torch.float32,
         INPUT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
         GATHER_EACH_TILE=GATHER_EACH_TILE if gather_each_tile is None else gather_each_tile,
-        num_warps=warps(dtype, head_dim, has_scale),
+        STAGES=0 if interpret else STAGES,
+        num_warps=WARPS,
     )
 
 
