@@ -29,6 +29,8 @@ order, median; CUDA synchronised around each call):
   gradient carried back to them.
 * CUDA ``reduction alone, gathered per tile``: the same with the Triton kernel summing each tile along its
   diagonals as it comes instead of once per program (``GATHER_EACH_TILE``).
+* CUDA ``reduction alone, not pipelined``: the same with the kernel's compile-time loop (``STAGES`` 0, what
+  the interpreter runs), whose loads Triton does not issue ahead of the compute.
 * CUDA ``triton, fused``: ``attention_impl: triton`` (``kerple/model/triton_attention.py``), one
   FlashAttention-2 kernel with the tables in its logits whose backward also sums the tables' gradient from
   its ``dS`` tiles. Before timing, a line compares its output, ``dq`` and the tables' gradient with
@@ -118,20 +120,24 @@ def common_variants(embedding: positional.PositionalEmbedding, tensors: list[tor
         pairs = [(table, gradient) for table, gradient in zip(tables, gradients) if table is not None]
         torch.autograd.backward([table for table, _ in pairs], [gradient for _, gradient in pairs])
 
-    def reduction_each_tile() -> None:  # the Triton kernel's other order of summing (GATHER_EACH_TILE)
-        from kerple.model import bias_gradient_triton
+    def reduction_with(setting: str, value: Any) -> Variant:  # the Triton kernel with one module setting changed
+        def run() -> None:
+            from kerple.model import bias_gradient_triton
 
-        bias_gradient_triton.GATHER_EACH_TILE = True
-        try:
-            reduction()
-        finally:
-            bias_gradient_triton.GATHER_EACH_TILE = False
+            before = getattr(bias_gradient_triton, setting)
+            setattr(bias_gradient_triton, setting, value)
+            try:
+                reduction()
+            finally:
+                setattr(bias_gradient_triton, setting, before)
+        return run
 
     bias, scale = embedding.distance_tables(length, device)
     sdpa_serves = bias is not None and scale is None  # sdpa cannot scale the logits
     dense_row = {"sdpa, dense bias": _dense_bias(embedding, tensors)} if sdpa_serves else {}
-    each_tile = {"reduction alone, gathered per tile": reduction_each_tile} if device.type == "cuda" else {}
-    return {"none": none, **dense_row, "reduction alone": reduction, **each_tile}
+    triton_rows = {"reduction alone, gathered per tile": reduction_with("GATHER_EACH_TILE", True),
+                   "reduction alone, not pipelined": reduction_with("STAGES", 0)} if device.type == "cuda" else {}
+    return {"none": none, **dense_row, "reduction alone": reduction, **triton_rows}
 
 
 def cpu_variants(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor]) -> dict[str, Variant]:
