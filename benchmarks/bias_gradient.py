@@ -34,7 +34,8 @@ order, median; CUDA synchronised around each call):
 * CUDA ``triton, fused``: ``attention_impl: triton`` (``kerple/model/triton_attention.py``), one
   FlashAttention-2 kernel with the tables in its logits whose backward also sums the tables' gradient from
   its ``dS`` tiles. Before timing, a line compares its output, ``dq`` and the tables' gradient with
-  ``flex + reduction``'s on the same inputs (the tests run it only in Triton's CPU interpreter).
+  ``flex + reduction``'s on the same inputs (the tests run it only in Triton's CPU interpreter); ``not pipelined``:
+  the same with its loops in the interpreter's form (``PIPELINED``), whose loads are not issued ahead.
 
 The distance tables are built in every call that needs them (the model builds them once per forward
 for all layers). Printed: milliseconds and the ratio to ``none``.
@@ -189,12 +190,14 @@ def _fused_row(embedding: positional.PositionalEmbedding, tensors: list[torch.Te
     except Exception as error:  # noqa: BLE001 -- any failure of the untimed kernel: the other rows still count
         print(f"triton, fused: left out ({type(error).__name__}: {(str(error).splitlines() or [''])[0][:160]})")
         return {}
-    return {"triton, fused": _fused(embedding, tensors)}
+    return {"triton, fused": _fused(embedding, tensors), "triton, fused, not pipelined": _fused(embedding, tensors, False)}
 
 
-def _fused(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor]) -> Callable[[], list[torch.Tensor]]:
-    """One forward + backward through ``attention_impl: triton``'s kernel; returns the output, ``dq`` and the
-    present tables' gradients."""
+def _fused(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor],
+           pipelined: bool = True) -> Callable[[], list[torch.Tensor]]:
+    """One forward + backward through ``attention_impl: triton``'s kernel (``pipelined``: its loops' run-time
+    form, else the interpreter's); returns the output, ``dq`` and the present tables' gradients."""
+    from kerple.model import triton_attention_kernels
     from kerple.model.triton_attention import fused_attention
 
     q, k, v, upstream = tensors
@@ -204,8 +207,12 @@ def _fused(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor
         query, key, value = (t.detach().requires_grad_() for t in (q, k, v))
         tables = [None if t is None else t.detach().requires_grad_()
                   for t in embedding.distance_tables(length, q.device)]
-        output, _ = fused_attention(query, key, value, *tables, None)
-        output.backward(upstream)
+        triton_attention_kernels.PIPELINED = pipelined
+        try:
+            output, _ = fused_attention(query, key, value, *tables, None)
+            output.backward(upstream)
+        finally:
+            triton_attention_kernels.PIPELINED = True
         return [output, query.grad, *(t.grad for t in tables if t is not None)]
 
     return run

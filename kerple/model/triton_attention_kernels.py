@@ -42,6 +42,9 @@ import triton.language as tl
 from kerple.model.bias_gradient_triton import (check_device, distance_sums_from_partials, tile_diagonal_sums,
                                                 tile_layout)
 
+PIPELINED = True
+"""On a GPU, the loops' run-time form (module docstring); ``False`` compiles the interpreter's form there too, a
+loop whose loads Triton does not issue ahead (``benchmarks/bias_gradient.py`` times both)."""
 MASKED = tl.constexpr(-1.0e30)  # a finite "minus infinity": a row with no visible key yet keeps exp() finite
 
 
@@ -300,7 +303,7 @@ def launch_settings(dtype: torch.dtype, head_dim: int, length: int, has_bias: bo
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK=block, BANDS=bands,
         HAS_BIAS=has_bias, HAS_SCALE=has_scale, HAS_WINDOW=window is not None,
         UPCAST=interpret and dtype != torch.float32,
-        INPUT_PRECISION="ieee" if dtype == torch.float32 else "tf32", STATIC_LOOP=interpret,
+        INPUT_PRECISION="ieee" if dtype == torch.float32 else "tf32", STATIC_LOOP=interpret or not PIPELINED,
         num_warps=8, num_stages=2 if dtype != torch.float32 else 3 if head_dim <= 64 else 1,
     )
 
