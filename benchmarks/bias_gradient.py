@@ -29,13 +29,13 @@ order, median; CUDA synchronised around each call):
   gradient carried back to them.
 * CUDA ``reduction alone, gathered per tile``: the same with the Triton kernel summing each tile along its
   diagonals as it comes instead of once per program (``GATHER_EACH_TILE``).
-* CUDA ``reduction alone, not pipelined``: the same with the kernel's compile-time loop (``STAGES`` 0, what
-  the interpreter runs), whose loads Triton does not issue ahead of the compute.
+* CUDA ``reduction alone, not pipelined``: the same with one pipeline stage (``STAGES`` 1): the kernel's
+  loads are not issued ahead of the compute.
 * CUDA ``triton, fused``: ``attention_impl: triton`` (``kerple/model/triton_attention.py``), one
   FlashAttention-2 kernel with the tables in its logits whose backward also sums the tables' gradient from
   its ``dS`` tiles. Before timing, a line compares its output, ``dq`` and the tables' gradient with
   ``flex + reduction``'s on the same inputs (the tests run it only in Triton's CPU interpreter); ``not pipelined``:
-  the same with its loops in the interpreter's form (``PIPELINED``), whose loads are not issued ahead.
+  the same with one pipeline stage (``PIPELINED`` off): its loads are not issued ahead.
 
 The distance tables are built in every call that needs them (the model builds them once per forward
 for all layers). Printed: milliseconds and the ratio to ``none``.
@@ -137,7 +137,7 @@ def common_variants(embedding: positional.PositionalEmbedding, tensors: list[tor
     sdpa_serves = bias is not None and scale is None  # sdpa cannot scale the logits
     dense_row = {"sdpa, dense bias": _dense_bias(embedding, tensors)} if sdpa_serves else {}
     triton_rows = {"reduction alone, gathered per tile": reduction_with("GATHER_EACH_TILE", True),
-                   "reduction alone, not pipelined": reduction_with("STAGES", 0)} if device.type == "cuda" else {}
+                   "reduction alone, not pipelined": reduction_with("STAGES", 1)} if device.type == "cuda" else {}
     return {"none": none, **dense_row, "reduction alone": reduction, **triton_rows}
 
 
@@ -195,8 +195,8 @@ def _fused_row(embedding: positional.PositionalEmbedding, tensors: list[torch.Te
 
 def _fused(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor],
            pipelined: bool = True) -> Callable[[], list[torch.Tensor]]:
-    """One forward + backward through ``attention_impl: triton``'s kernel (``pipelined``: its loops' run-time
-    form, else the interpreter's); returns the output, ``dq`` and the present tables' gradients."""
+    """One forward + backward through ``attention_impl: triton``'s kernel (``pipelined`` false: one pipeline
+    stage); returns the output, ``dq`` and the present tables' gradients."""
     from kerple.model import triton_attention_kernels
     from kerple.model.triton_attention import fused_attention
 

@@ -17,19 +17,21 @@ end, not once per tile: slot ``c`` of the ``[2B]`` result holds local offset ``i
 adds the bands' halves where they overlap (:func:`diagonal_partials`). No atomics: deterministic. The buffer is
 ``chunks x bands x b·H x 2B`` floats per table, a vector per tile group, not a score matrix.
 
-The loop over a chunk's tiles has two forms of one body (:func:`_band_tile`). On a GPU its bounds are
-computed at run time and ``tl.range`` asks for :data:`STAGES` pipeline stages: compiled for sm_90, the tiles'
-loads become ``cp.async`` copies issued ahead of the compute. A plain ``range`` over the same bounds was left
-unpipelined by Triton 3.6 in 16 bits, as was the compile-time loop with a branch inside that the kernel had
-before (``benchmarks/triton_resources.py``, "async copies"). Triton's CPU interpreter (``TRITON_INTERPRET=1``
-when triton is imported), where the tests run the kernel, fails on loop bounds computed at run time with
-numpy 2.4, so there (``STAGES`` 0) the loop runs ``CHUNK`` times and skips the tiles outside the band by a
-branch; both forms visit the tiles in the same order. There ``UPCAST`` converts 16-bit operands to fp32 before ``tl.dot``: Triton 3.6's
+The loop over a chunk's tiles has run-time bounds, and ``tl.range`` asks for :data:`STAGES` pipeline stages:
+compiled for sm_90, the tiles' loads become ``cp.async`` copies issued ahead of the compute. A plain
+``range`` over the same bounds was left unpipelined by Triton 3.6 in 16 bits, as was the compile-time loop
+with a branch inside that the kernel had before (``benchmarks/triton_resources.py``, "async copies").
+Triton's CPU interpreter (``TRITON_INTERPRET=1`` when triton is imported), where the tests run the kernel,
+fails on run-time loop bounds with numpy 2.4 (it converts a one-element array to an index with ``int``,
+which numpy 2.4 refuses); :func:`check_device` mends that conversion, so the interpreter runs the loop a GPU
+compiles. There ``UPCAST`` converts 16-bit operands to fp32 before ``tl.dot``: Triton 3.6's
 interpreter multiplies bf16 operands as their raw 16-bit integers. On a GPU the operands go to the
 tensor cores as they are (fp32 accumulation either way; products of 16-bit values are exact in fp32).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import triton
@@ -37,7 +39,7 @@ import triton.language as tl
 
 CHUNK = 16  # query blocks per program: the partial buffer shrinks by this factor, the grid with it
 STAGES = 2
-"""The software pipeline's depth on a GPU: the next tile's loads issued while one computes."""
+"""The software pipeline's depth on a GPU: the next tile's loads issued while one computes (1: not pipelined)."""
 WARPS = 8
 """Warps per program. Compiled offline for sm_90 (Triton 3.6, ``benchmarks/triton_resources.py``), eight warps
 and two stages spill nothing in bf16, fp16 and fp32 at head_dims 64 and 128, with one table or two (bf16
@@ -136,23 +138,13 @@ def _band_sums(
         sums = (tl.zeros([2 * BLOCK], dtype=tl.float32), tl.zeros([2 * BLOCK], dtype=tl.float32))
     else:  # the band's dS tiles, added elementwise
         sums = (tl.zeros([BLOCK, BLOCK], dtype=tl.float32), tl.zeros([BLOCK, BLOCK], dtype=tl.float32))
-    if STAGES == 0:  # compile-time bounds (module docstring)
-        for step in range(CHUNK):
-            query_block = chunk * CHUNK + step
-            if (query_block < query_blocks) & (query_block >= band):
-                sums = _band_tile(
-                    query_block, query_block - band, sums, Q, K, V, DO, LSE, DELTA, BIAS, SCALE,
-                    stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
-                    stride_ob, stride_oh, stride_ol, batch, head, batch_head, length, window, sm_scale, dims, dim_ok,
-                    BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION, GATHER_EACH_TILE)
-    else:  # run-time bounds, pipelined STAGES deep
-        for query_block in tl.range(tl.maximum(chunk * CHUNK, band), tl.minimum(chunk * CHUNK + CHUNK, query_blocks),
-                                    num_stages=STAGES):
-            sums = _band_tile(
-                query_block, query_block - band, sums, Q, K, V, DO, LSE, DELTA, BIAS, SCALE,
-                stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
-                stride_ob, stride_oh, stride_ol, batch, head, batch_head, length, window, sm_scale, dims, dim_ok,
-                BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION, GATHER_EACH_TILE)
+    for query_block in tl.range(tl.maximum(chunk * CHUNK, band), tl.minimum(chunk * CHUNK + CHUNK, query_blocks),
+                                num_stages=STAGES):
+        sums = _band_tile(
+            query_block, query_block - band, sums, Q, K, V, DO, LSE, DELTA, BIAS, SCALE,
+            stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
+            stride_ob, stride_oh, stride_ol, batch, head, batch_head, length, window, sm_scale, dims, dim_ok,
+            BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION, GATHER_EACH_TILE)
     bias_sums, scale_sums = sums
     if not GATHER_EACH_TILE:
         if HAS_BIAS:
@@ -177,7 +169,28 @@ def check_device(query: torch.Tensor, kernel: str) -> bool:
     interpret = bool(triton.knobs.runtime.interpret)
     if query.device.type != "cuda" and not interpret:
         raise RuntimeError(f"{kernel} runs on CUDA, or on a CPU under TRITON_INTERPRET=1 (set before triton is imported)")
+    if interpret:
+        allow_run_time_loop_bounds()
     return interpret
+
+
+def allow_run_time_loop_bounds() -> None:
+    """Let Triton's interpreter take a loop bound computed in the kernel: it turns a tensor into an index with
+    ``int(array)``, which numpy 2.4 refuses for the one-element arrays it holds scalars in; the conversion is
+    made with ``.item()`` instead, in the interpreter's own patch scope (undone after each launch as its other
+    patches are). Nothing to do when the interpreter no longer has that hook."""
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "mends_index", False):
+        return
+
+    def patched(tensor: Any, scope: Any) -> None:
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    patched.mends_index = True  # type: ignore[attr-defined]
+    interpreter._patch_lang_tensor = patched
 
 
 def tile_layout(length: int, block: int, window: int | None) -> tuple[int, int]:
@@ -222,13 +235,13 @@ def diagonal_partials(
 def _launch_settings(dtype: torch.dtype, head_dim: int, block: int, chunk: int, has_bias: bool, has_scale: bool,
                      has_window: bool, interpret: bool = False, gather_each_tile: bool | None = None) -> dict:
     """The kernel's compile-time arguments and ``num_warps`` for one launch (``interpret``: in Triton's
-    interpreter, which needs compile-time loop bounds)."""
+    interpreter)."""
     return dict(
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK=block, CHUNK=chunk,
         HAS_BIAS=has_bias, HAS_SCALE=has_scale, HAS_WINDOW=has_window, UPCAST=interpret and dtype != torch.float32,
         INPUT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
         GATHER_EACH_TILE=GATHER_EACH_TILE if gather_each_tile is None else gather_each_tile,
-        STAGES=0 if interpret else STAGES,
+        STAGES=STAGES,
         num_warps=WARPS,
     )
 

@@ -21,14 +21,13 @@ gradients are deterministic: ``dq`` comes from a second program per query block 
 loop of its own, rather than atomic adds). The buffer holds ``b·H·L²·2/B`` floats (``2·L·W/B`` per
 ``b·H`` with a window): 12.6 MB for 32 x 12 heads x 512 tokens at ``B = 64``.
 
-Each kernel's loop over tiles has two forms of one body (a ``_*_tile`` helper). On a GPU the bounds are
-computed at run time (the causal band's blocks), a plain loop that Triton's software pipeliner overlaps with
-its loads: compiled for sm_90 the tiles' loads become ``cp.async`` copies issued a stage ahead, where a
-branch inside the loop left every load waiting for the compute before it
-(``benchmarks/triton_resources.py --kernel attention``, "async copies"). Triton's CPU interpreter, where
-the tests run these kernels, fails on run-time loop bounds with numpy 2.4, so there (``STATIC_LOOP``) the
-loop runs ``BANDS`` times, a compile-time constant, and skips the tiles outside the band by a branch; both
-forms visit the tiles in the same order. In the interpreter ``UPCAST`` converts 16-bit operands to fp32 before ``tl.dot`` (the interpreter multiplies
+Each kernel's loop over tiles runs over the causal band's blocks, bounds computed at run time: a plain loop,
+which Triton's software pipeliner overlaps with its loads (compiled for sm_90, the tiles' loads become
+``cp.async`` copies issued a stage ahead; a compile-time count with a branch inside, the kernels' first form,
+left every load waiting for the compute before it: ``benchmarks/triton_resources.py --kernel attention``,
+"async copies"). Triton's CPU interpreter, where the tests run these kernels, needs its conversion of a tensor
+to an index mended for numpy 2.4 (:func:`~kerple.model.bias_gradient_triton.allow_run_time_loop_bounds`);
+it then runs the loops a GPU compiles. In the interpreter ``UPCAST`` converts 16-bit operands to fp32 before ``tl.dot`` (the interpreter multiplies
 bf16 operands as raw 16-bit integers); on a GPU they reach the tensor cores as they are, fp32 accumulation
 either way.
 """
@@ -43,8 +42,7 @@ from kerple.model.bias_gradient_triton import (check_device, distance_sums_from_
                                                 tile_layout)
 
 PIPELINED = True
-"""On a GPU, the loops' run-time form (module docstring); ``False`` compiles the interpreter's form there too, a
-loop whose loads Triton does not issue ahead (``benchmarks/bias_gradient.py`` times both)."""
+"""``False``: one pipeline stage, the loops' loads not issued ahead (``benchmarks/bias_gradient.py`` times both)."""
 MASKED = tl.constexpr(-1.0e30)  # a finite "minus infinity": a row with no visible key yet keeps exp() finite
 
 
@@ -133,7 +131,7 @@ def _forward(
     out_batch, out_head, out_row,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BANDS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, STATIC_LOOP: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     """Algorithm 1 for query block ``program_id(0)`` of batch·head ``program_id(1)``: ``OUT`` and ``LSE``. The key
     blocks come in ascending order under both loop forms (module docstring)."""
@@ -144,18 +142,10 @@ def _forward(
     row_max = tl.full([BLOCK], MASKED, tl.float32)
     row_sum = tl.zeros([BLOCK], dtype=tl.float32)
     acc = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
-    if STATIC_LOOP:
-        for band in range(BANDS):
-            key_block = query_block + band - (BANDS - 1)
-            if key_block >= 0:
-                row_max, row_sum, acc = _forward_tile(
-                    q, key_block, row_max, row_sum, acc, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head, length,
-                    window, sm_scale, qkv_row, BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
-    else:
-        for key_block in range(tl.maximum(query_block - (BANDS - 1), 0), query_block + 1):
-            row_max, row_sum, acc = _forward_tile(
-                q, key_block, row_max, row_sum, acc, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head, length,
-                window, sm_scale, qkv_row, BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
+    for key_block in range(tl.maximum(query_block - (BANDS - 1), 0), query_block + 1):
+        row_max, row_sum, acc = _forward_tile(
+            q, key_block, row_max, row_sum, acc, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head, length,
+            window, sm_scale, qkv_row, BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
     row_sum = tl.where(row_ok, row_sum, 1.0)  # rows past the end see no key; they are not stored
     out = acc / row_sum[:, None]
     tl.store(OUT + _head_start(batch_head, heads, out_batch, out_head) + rows[:, None] * out_row + dims[None, :],
@@ -198,7 +188,7 @@ def _backward_keys(
     qkv_batch, qkv_head, qkv_row, do_batch, do_head, do_row,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BANDS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, STATIC_LOOP: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     """Algorithm 2's outer loop for key block ``program_id(0)``, band by band: ``dK``, ``dV`` (contiguous) and
     each tile's diagonal sums into slot ``(key block, band, batch·head)`` of the partial buffers."""
@@ -210,19 +200,11 @@ def _backward_keys(
     v = _load_tile(V + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
     grad_key = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
     grad_value = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
-    if STATIC_LOOP:
-        for band in range(BANDS):
-            if (key_block + band) * BLOCK < length:
-                grad_key, grad_value = _backward_keys_tile(
-                    k, v, key_block + band, band, key_block, grad_key, grad_value, Q, DO, LSE, DELTA, BIAS, SCALE,
-                    BIAS_OUT, SCALE_OUT, batch_head, head, base, grad_base, dims, dim_ok, cols, length, window,
-                    sm_scale, qkv_row, do_row, BLOCK, BANDS, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
-    else:
-        for query_block in range(key_block, tl.minimum(key_block + BANDS, tl.cdiv(length, BLOCK))):
-            grad_key, grad_value = _backward_keys_tile(
-                k, v, query_block, query_block - key_block, key_block, grad_key, grad_value, Q, DO, LSE, DELTA, BIAS,
-                SCALE, BIAS_OUT, SCALE_OUT, batch_head, head, base, grad_base, dims, dim_ok, cols, length, window,
-                sm_scale, qkv_row, do_row, BLOCK, BANDS, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
+    for query_block in range(key_block, tl.minimum(key_block + BANDS, tl.cdiv(length, BLOCK))):
+        grad_key, grad_value = _backward_keys_tile(
+            k, v, query_block, query_block - key_block, key_block, grad_key, grad_value, Q, DO, LSE, DELTA, BIAS,
+            SCALE, BIAS_OUT, SCALE_OUT, batch_head, head, base, grad_base, dims, dim_ok, cols, length, window,
+            sm_scale, qkv_row, do_row, BLOCK, BANDS, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
     pointers = batch_head.to(tl.int64) * length * HEAD_DIM + cols[:, None] * HEAD_DIM + dims[None, :]
     tile_ok = col_ok[:, None] & dim_ok[None, :]
     tl.store(DK + pointers, (grad_key * sm_scale).to(DK.dtype.element_ty), mask=tile_ok)
@@ -253,7 +235,7 @@ def _backward_queries(
     do_batch, do_head, do_row,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BANDS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, STATIC_LOOP: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     """``dQ`` (contiguous) of query block ``program_id(0)``: Algorithm 2's inner update, looped over the key
     blocks in ascending order."""
@@ -265,18 +247,10 @@ def _backward_queries(
                     UPCAST)
     lse, delta = _row_statistics(LSE, DELTA, batch_head, length, rows, row_ok)
     grad_query = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
-    if STATIC_LOOP:
-        for band in range(BANDS):
-            key_block = query_block + band - (BANDS - 1)
-            if key_block >= 0:
-                grad_query = _backward_queries_tile(
-                    q, do, lse, delta, key_block, grad_query, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head,
-                    length, window, sm_scale, qkv_row, BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
-    else:
-        for key_block in range(tl.maximum(query_block - (BANDS - 1), 0), query_block + 1):
-            grad_query = _backward_queries_tile(
-                q, do, lse, delta, key_block, grad_query, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head,
-                length, window, sm_scale, qkv_row, BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
+    for key_block in range(tl.maximum(query_block - (BANDS - 1), 0), query_block + 1):
+        grad_query = _backward_queries_tile(
+            q, do, lse, delta, key_block, grad_query, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head,
+            length, window, sm_scale, qkv_row, BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
     pointers = batch_head.to(tl.int64) * length * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :]
     tl.store(DQ + pointers, (grad_query * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
@@ -303,8 +277,8 @@ def launch_settings(dtype: torch.dtype, head_dim: int, length: int, has_bias: bo
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK=block, BANDS=bands,
         HAS_BIAS=has_bias, HAS_SCALE=has_scale, HAS_WINDOW=window is not None,
         UPCAST=interpret and dtype != torch.float32,
-        INPUT_PRECISION="ieee" if dtype == torch.float32 else "tf32", STATIC_LOOP=interpret or not PIPELINED,
-        num_warps=8, num_stages=2 if dtype != torch.float32 else 3 if head_dim <= 64 else 1,
+        INPUT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+        num_warps=8, num_stages=(2 if dtype != torch.float32 else 3 if head_dim <= 64 else 1) if PIPELINED else 1,
     )
 
 
