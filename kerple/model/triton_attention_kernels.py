@@ -106,16 +106,28 @@ def _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
 
 
 @triton.jit
-def _forward_tile(q, key_block, row_max, row_sum, acc, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head, length,
-                  window, sm_scale, qkv_row, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr,
-                  HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """Algorithm 1's update for key block ``key_block``: the rows' running max, sum and output accumulator."""
+def _key_tile(q, key_block, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head, length, window, sm_scale, qkv_row,
+              BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+              UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Key block ``key_block``'s ``k`` and ``v`` tiles and its logits against the rows' ``q``:
+    ``(k, v, S, visible, scale)`` (:func:`_logits`)."""
     cols = key_block * BLOCK + tl.arange(0, BLOCK)
     col_ok = cols < length
     k = _load_tile(K + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
     v = _load_tile(V + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
-    _, score, visible, _ = _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
-                                   BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, INPUT_PRECISION)
+    _, score, visible, scale = _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
+                                       BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, INPUT_PRECISION)
+    return k, v, score, visible, scale
+
+
+@triton.jit
+def _forward_tile(q, key_block, row_max, row_sum, acc, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head, length,
+                  window, sm_scale, qkv_row, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr,
+                  HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Algorithm 1's update for key block ``key_block``: the rows' running max, sum and output accumulator."""
+    _, v, score, visible, _ = _key_tile(q, key_block, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head, length,
+                                        window, sm_scale, qkv_row, BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST,
+                                        INPUT_PRECISION)
     score = tl.where(visible, score, MASKED)
     new_max = tl.maximum(row_max, tl.max(score, axis=1))
     probs = tl.where(visible, tl.exp(score - new_max[:, None]), 0.0)
@@ -217,12 +229,9 @@ def _backward_queries_tile(q, do, lse, delta, key_block, grad_query, K, V, BIAS,
                            HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
                            INPUT_PRECISION: tl.constexpr):
     """Algorithm 2's ``dQ`` update for key block ``key_block``."""
-    cols = key_block * BLOCK + tl.arange(0, BLOCK)
-    col_ok = cols < length
-    k = _load_tile(K + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
-    v = _load_tile(V + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
-    _, score, visible, scale = _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
-                                       BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, INPUT_PRECISION)
+    k, v, score, visible, scale = _key_tile(q, key_block, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head, length,
+                                            window, sm_scale, qkv_row, BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST,
+                                            INPUT_PRECISION)
     probs = tl.where(visible, tl.exp(tl.where(visible, score - lse[:, None], MASKED)), 0.0)
     grad_probs = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
     grad_logits = probs * (grad_probs - delta[:, None]) * scale  # dS ∘ scale, the gradient of x
