@@ -44,6 +44,7 @@ def test_cpu_run_reports_every_step_and_survives_a_failing_one(tmp_path: Path, m
     cells = {(row[0], row[1], row[2]): row for row in steps["4"]["tables"][0]["rows"]}
     assert cells[("kerple_log", "off", "sdpa (auto)")][4]  # tokens/s measured
     assert cells[("kerple_log", "off", "flex")][-1].startswith("n/a: FlexAttention has no backward")
+    assert cells[("kerple_log", "off", "triton")][4] and not cells[("kerple_log", "off", "triton")][-1]  # interpreter
     assert cells[("none", "on", "all")][-1].startswith("skipped: compile")
     assert any("6·N + 12·L·h·s" in note for note in steps["4"]["notes"])
     training = steps["5"]["metrics"]
