@@ -190,7 +190,8 @@ def _fused_row(embedding: positional.PositionalEmbedding, tensors: list[torch.Te
     except Exception as error:  # noqa: BLE001 -- any failure of the untimed kernel: the other rows still count
         print(f"triton, fused: left out ({type(error).__name__}: {(str(error).splitlines() or [''])[0][:160]})")
         return {}
-    return {"triton, fused": _fused(embedding, tensors), "triton, fused, not pipelined": _fused(embedding, tensors, False)}
+    return {"triton, fused": _fused(embedding, tensors),
+            "triton, fused, not pipelined": _fused(embedding, tensors, pipelined=False)}
 
 
 def _fused(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor],

@@ -27,9 +27,9 @@ which Triton's software pipeliner overlaps with its loads (compiled for sm_90, t
 left every load waiting for the compute before it: ``benchmarks/triton_resources.py --kernel attention``,
 "async copies"). Triton's CPU interpreter, where the tests run these kernels, needs its conversion of a tensor
 to an index mended for numpy 2.4 (:func:`~kerple.model.bias_gradient_triton.allow_run_time_loop_bounds`);
-it then runs the loops a GPU compiles. In the interpreter ``UPCAST`` converts 16-bit operands to fp32 before ``tl.dot`` (the interpreter multiplies
-bf16 operands as raw 16-bit integers); on a GPU they reach the tensor cores as they are, fp32 accumulation
-either way.
+it then runs the loops a GPU compiles. In the interpreter ``UPCAST`` converts 16-bit operands to fp32
+before ``tl.dot`` (the interpreter multiplies bf16 operands as raw 16-bit integers); on a GPU they reach the
+tensor cores as they are, fp32 accumulation either way.
 """
 
 from __future__ import annotations
@@ -145,8 +145,7 @@ def _forward(
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """Algorithm 1 for query block ``program_id(0)`` of batch·head ``program_id(1)``: ``OUT`` and ``LSE``. The key
-    blocks come in ascending order under both loop forms (module docstring)."""
+    """Algorithm 1 for query block ``program_id(0)`` of batch·head ``program_id(1)``: ``OUT`` and ``LSE``."""
     query_block = tl.program_id(0)
     batch_head, head, base, dims, dim_ok, rows, row_ok = _program_tiles(heads, length, qkv_batch, qkv_head,
                                                                         HEAD_DIM, BLOCK_D, BLOCK)
