@@ -35,7 +35,9 @@ order, median; CUDA synchronised around each call):
   FlashAttention-2 kernel with the tables in its logits whose backward also sums the tables' gradient from
   its ``dS`` tiles. Before timing, a line compares its output, ``dq`` and the tables' gradient with
   ``flex + reduction``'s on the same inputs (the tests run it only in Triton's CPU interpreter); ``not pipelined``:
-  the same with one pipeline stage (``PIPELINED`` off): its loads are not issued ahead.
+  the same with one pipeline stage (``PIPELINED`` off): its loads are not issued ahead; ``64-wide tiles``
+  (head_dim above 64): tiles of 64 where the kernels choose 32 (Hopper's wgmma in 16 bits instead of
+  mma.sync; compiled offline the key-side backward then spills 56 B a thread).
 
 The distance tables are built in every call that needs them (the model builds them once per forward
 for all layers). Printed: milliseconds and the ratio to ``none``.
@@ -190,14 +192,16 @@ def _fused_row(embedding: positional.PositionalEmbedding, tensors: list[torch.Te
     except Exception as error:  # noqa: BLE001 -- any failure of the untimed kernel: the other rows still count
         print(f"triton, fused: left out ({type(error).__name__}: {(str(error).splitlines() or [''])[0][:160]})")
         return {}
+    wide = {"triton, fused, 64-wide tiles": _fused(embedding, tensors, block=64)} if tensors[0].shape[-1] > 64 else {}
     return {"triton, fused": _fused(embedding, tensors),
-            "triton, fused, not pipelined": _fused(embedding, tensors, pipelined=False)}
+            "triton, fused, not pipelined": _fused(embedding, tensors, pipelined=False), **wide}
 
 
-def _fused(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor],
-           pipelined: bool = True) -> Callable[[], list[torch.Tensor]]:
+def _fused(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor], pipelined: bool = True,
+           block: int = 0) -> Callable[[], list[torch.Tensor]]:
     """One forward + backward through ``attention_impl: triton``'s kernel (``pipelined`` false: one pipeline
-    stage); returns the output, ``dq`` and the present tables' gradients."""
+    stage; ``block``: the tile width, 0 the kernels' choice); returns the output, ``dq`` and the present tables'
+    gradients."""
     from kerple.model import triton_attention_kernels
     from kerple.model.triton_attention import fused_attention
 
@@ -210,7 +214,7 @@ def _fused(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor
                   for t in embedding.distance_tables(length, q.device)]
         triton_attention_kernels.PIPELINED = pipelined
         try:
-            output, _ = fused_attention(query, key, value, *tables, None)
+            output, _ = fused_attention(query, key, value, *tables, None, block)
             output.backward(upstream)
         finally:
             triton_attention_kernels.PIPELINED = True
