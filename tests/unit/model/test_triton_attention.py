@@ -42,12 +42,13 @@ def _reference(query, key, value, bias, scale, window):  # type: ignore[no-untyp
     return torch.softmax(logits, -1) @ value, torch.logsumexp(logits, -1)
 
 
-def _inputs(head_dim: int, dtype: torch.dtype, tables: str, seed: int = 0) -> list[torch.Tensor | None]:
+def _inputs(head_dim: int, dtype: torch.dtype, tables: str, seed: int = 0,
+            length: int = LENGTH) -> list[torch.Tensor | None]:
     generator = torch.Generator().manual_seed(seed)
-    shape = (BATCH, HEADS, LENGTH, head_dim)
+    shape = (BATCH, HEADS, length, head_dim)
     query, key, value, grad_output = (torch.randn(shape, generator=generator).to(dtype) for _ in range(4))
-    bias = -torch.rand(HEADS, LENGTH, generator=generator).cumsum(-1) / 4 if "bias" in tables else None
-    scale = 0.5 + torch.rand(HEADS, LENGTH, generator=generator) if "scale" in tables else None
+    bias = -torch.rand(HEADS, length, generator=generator).cumsum(-1) / 4 if "bias" in tables else None
+    scale = 0.5 + torch.rand(HEADS, length, generator=generator) if "scale" in tables else None
     return [query, key, value, grad_output, bias, scale]
 
 
@@ -55,15 +56,17 @@ def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
     return ((got.cpu().double() - expected).abs().max() / expected.abs().max()).item()
 
 
-def _errors(head_dim: int, dtype: torch.dtype, tables: str, window: int | None) -> dict[str, float]:
-    """Relative errors of the kernel's output, lse and every gradient against the reference."""
-    query, key, value, grad_output, bias, scale = _inputs(head_dim, dtype, tables)
+def _errors(head_dim: int, dtype: torch.dtype, tables: str, window: int | None, length: int = LENGTH,
+            block: int = BLOCK) -> dict[str, float]:
+    """Relative errors of the kernel's output, lse and every gradient against the reference (``block`` 0: the
+    kernels' own tiles)."""
+    query, key, value, grad_output, bias, scale = _inputs(head_dim, dtype, tables, length=length)
     names = ["dq", "dk", "dv", "dbias", "dscale"]
     reference = [None if t is None else t.double().requires_grad_() for t in (query, key, value, bias, scale)]
     expected, expected_lse = _reference(*reference, window)
     expected_grads = torch.autograd.grad(expected, [t for t in reference if t is not None], grad_output.double())
     moved = [None if t is None else t.to(DEVICE).requires_grad_() for t in (query, key, value, bias, scale)]
-    output, lse = fused_attention(*moved, window, BLOCK)
+    output, lse = fused_attention(*moved, window, block)
     got_grads = torch.autograd.grad(output, [t for t in moved if t is not None], grad_output.to(DEVICE))
     assert output.dtype == dtype and all(g.dtype == t.dtype for g, t in zip(got_grads, moved) if t is not None)
     present = [name for name, t in zip(names, moved) if t is not None]
@@ -88,6 +91,14 @@ def test_head_dim_128_and_16_bit_inputs_match_the_formula(head_dim: int, dtype: 
                                                            window: int | None) -> None:
     errors = _errors(head_dim, dtype, tables, window)
     assert max(errors.values()) < TOLERANCE[dtype], errors
+
+
+@pytest.mark.parametrize(("head_dim", "block", "window"), [(64, 0, None), (128, 0, 70), (128, 64, None)])
+def test_the_tiles_a_gpu_launches_match_the_formula(head_dim: int, block: int, window: int | None) -> None:
+    """The tiles a GPU gets (64 wide at head_dim 64, 32 at 128) and the 64-wide alternative at head_dim 128,
+    over 150 tokens (the last block partial), bf16."""
+    errors = _errors(head_dim, torch.bfloat16, "bias+scale", window, length=150, block=block)
+    assert max(errors.values()) < TOLERANCE[torch.bfloat16], errors
 
 
 @pytest.mark.parametrize("layout", ["packed", "mixed"])
