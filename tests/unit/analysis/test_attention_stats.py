@@ -54,8 +54,9 @@ def test_statistics_match_a_hand_computed_softmax() -> None:
     handle = attention.register_forward_pre_hook(lambda _m, inputs: seen.update(x=inputs[0]))
     stats = attention_statistics(model, tokens, temperature=tau, block_rows=5, progress=False)
     handle.remove()
-    x = seen["x"]
-    qkv = x @ attention.query_key_value.weight.T + attention.query_key_value.bias  # [b, s, 3h]
+    x = seen["x"].detach()
+    with torch.no_grad():
+        qkv = x @ attention.query_key_value.weight.T + attention.query_key_value.bias  # [b, s, 3h]
     distance = torch.arange(length)[:, None] - torch.arange(length)[None, :]
     visible = (distance >= 0) & (distance < window)
     for head in range(HEADS):
@@ -87,9 +88,10 @@ def test_statistics_include_a_term_without_distance_tables(name: str) -> None:
     handle = attention.register_forward_pre_hook(lambda _m, inputs: seen.update(x=inputs[0]))
     stats = attention_statistics(model, tokens, temperature=tau, block_rows=5, progress=False)
     handle.remove()
-    x = seen["x"]
+    x = seen["x"].detach()
     term = fire_reference_bias(state, length) if name == "fire" else cable_reference_bias(state)(1, x)
-    qkv = x @ attention.query_key_value.weight.T + attention.query_key_value.bias  # [b, s, 3h]
+    with torch.no_grad():
+        qkv = x @ attention.query_key_value.weight.T + attention.query_key_value.bias  # [b, s, 3h]
     causal = torch.tril(torch.ones(length, length)).bool()
     for head in range(HEADS):
         block = qkv[..., head * 3 * HEAD_DIM : (head + 1) * 3 * HEAD_DIM]
