@@ -139,9 +139,9 @@ def _forward_tile(q, key_block, row_max, row_sum, acc, K, V, BIAS, SCALE, base, 
 
 @triton.jit
 def _forward(
-    Q, K, V, BIAS, SCALE, OUT, LSE, heads, length, window, sm_scale, qkv_batch, qkv_head, qkv_row,
+    Q, K, V, BIAS, SCALE, OUT, LSE, heads, length, window, bands, sm_scale, qkv_batch, qkv_head, qkv_row,
     out_batch, out_head, out_row,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BANDS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
@@ -153,7 +153,7 @@ def _forward(
     row_max = tl.full([BLOCK], MASKED, tl.float32)
     row_sum = tl.zeros([BLOCK], dtype=tl.float32)
     acc = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
-    for key_block in range(tl.maximum(query_block - (BANDS - 1), 0), query_block + 1):
+    for key_block in range(tl.maximum(query_block - (bands - 1), 0), query_block + 1):
         row_max, row_sum, acc = _forward_tile(
             q, key_block, row_max, row_sum, acc, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head, length,
             window, sm_scale, qkv_row, BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
@@ -168,7 +168,7 @@ def _forward(
 @triton.jit
 def _backward_keys_tile(k, v, query_block, band, key_block, grad_key, grad_value, Q, DO, LSE, DELTA, BIAS, SCALE,
                         BIAS_OUT, SCALE_OUT, batch_head, head, base, grad_base, dims, dim_ok, cols, length, window,
-                        sm_scale, qkv_row, do_row, BLOCK: tl.constexpr, BANDS: tl.constexpr,
+                        sm_scale, qkv_row, do_row, bands, BLOCK: tl.constexpr,
                         HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr,
                         UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Algorithm 2's inner step for query block ``query_block`` (on band ``band``): ``dK`` and ``dV`` so far, and
@@ -185,7 +185,7 @@ def _backward_keys_tile(k, v, query_block, band, key_block, grad_key, grad_value
     grad_scores = probs * (grad_probs - delta[:, None])  # dS [B, B]
     grad_value += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=INPUT_PRECISION)
     grad_key += tl.dot(tl.trans((grad_scores * scale).to(q.dtype)), q, input_precision=INPUT_PRECISION)
-    slot = ((key_block * BANDS + band) * tl.num_programs(1) + batch_head).to(tl.int64) * 2 * BLOCK
+    slot = ((key_block * bands + band) * tl.num_programs(1) + batch_head).to(tl.int64) * 2 * BLOCK
     if HAS_BIAS:
         tl.store(BIAS_OUT + slot + tl.arange(0, 2 * BLOCK), tile_diagonal_sums(grad_scores, BLOCK))
     if HAS_SCALE:
@@ -195,9 +195,9 @@ def _backward_keys_tile(k, v, query_block, band, key_block, grad_key, grad_value
 
 @triton.jit
 def _backward_keys(
-    Q, K, V, DO, LSE, DELTA, BIAS, SCALE, DK, DV, BIAS_OUT, SCALE_OUT, heads, length, window, sm_scale,
+    Q, K, V, DO, LSE, DELTA, BIAS, SCALE, DK, DV, BIAS_OUT, SCALE_OUT, heads, length, window, bands, sm_scale,
     qkv_batch, qkv_head, qkv_row, do_batch, do_head, do_row,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BANDS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
@@ -211,11 +211,11 @@ def _backward_keys(
     v = _load_tile(V + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
     grad_key = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
     grad_value = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
-    for query_block in range(key_block, tl.minimum(key_block + BANDS, tl.cdiv(length, BLOCK))):
+    for query_block in range(key_block, tl.minimum(key_block + bands, tl.cdiv(length, BLOCK))):
         grad_key, grad_value = _backward_keys_tile(
             k, v, query_block, query_block - key_block, key_block, grad_key, grad_value, Q, DO, LSE, DELTA, BIAS,
             SCALE, BIAS_OUT, SCALE_OUT, batch_head, head, base, grad_base, dims, dim_ok, cols, length, window,
-            sm_scale, qkv_row, do_row, BLOCK, BANDS, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
+            sm_scale, qkv_row, do_row, bands, BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
     pointers = batch_head.to(tl.int64) * length * HEAD_DIM + cols[:, None] * HEAD_DIM + dims[None, :]
     tile_ok = col_ok[:, None] & dim_ok[None, :]
     tl.store(DK + pointers, (grad_key * sm_scale).to(DK.dtype.element_ty), mask=tile_ok)
@@ -239,9 +239,9 @@ def _backward_queries_tile(q, do, lse, delta, key_block, grad_query, K, V, BIAS,
 
 @triton.jit
 def _backward_queries(
-    Q, K, V, DO, LSE, DELTA, BIAS, SCALE, DQ, heads, length, window, sm_scale, qkv_batch, qkv_head, qkv_row,
+    Q, K, V, DO, LSE, DELTA, BIAS, SCALE, DQ, heads, length, window, bands, sm_scale, qkv_batch, qkv_head, qkv_row,
     do_batch, do_head, do_row,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BANDS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
@@ -255,7 +255,7 @@ def _backward_queries(
                     UPCAST)
     lse, delta = _row_statistics(LSE, DELTA, batch_head, length, rows, row_ok)
     grad_query = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
-    for key_block in range(tl.maximum(query_block - (BANDS - 1), 0), query_block + 1):
+    for key_block in range(tl.maximum(query_block - (bands - 1), 0), query_block + 1):
         grad_query = _backward_queries_tile(
             q, do, lse, delta, key_block, grad_query, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head,
             length, window, sm_scale, qkv_row, BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
@@ -276,13 +276,13 @@ def launch_settings(dtype: torch.dtype, head_dim: int, length: int, has_bias: bo
     timed on a GPU. Eight warps: with four, every 16-bit configuration at head_dim 64 spills in the key-side
     backward. In 16 bits two pipeline stages (the key tiles' loads issued one tile ahead): with a bias table
     alone nothing spills, at head_dims 64 and 128; with both tables at head_dim 64 the key-side backward spills
-    60 B a thread (28 B with three stages, and 8 B in the query-side one). fp32: Triton's three at head_dim 64
+    60 B a thread and the query-side one 32 B. fp32: Triton's three at head_dim 64
     (8 B spilled), one (loads not overlapped) at 128, where three spill 900 B in the key-side backward and one
     252 B."""
     block = block or tile_size(dtype, head_dim)
-    _, bands = tile_layout(length, block, window)
+    tile_layout(length, block, window)  # refuses a tile width the kernels cannot take
     return dict(
-        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK=block, BANDS=bands,
+        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK=block,
         HAS_BIAS=has_bias, HAS_SCALE=has_scale, HAS_WINDOW=window is not None,
         UPCAST=interpret and dtype != torch.float32,
         INPUT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
@@ -305,7 +305,7 @@ def offline_requests(dtype: torch.dtype, head_dim: int, has_scale: bool, length:
     element = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
     constexprs = launch_settings(dtype, head_dim, length, True, has_scale, window)
     warps, stages = constexprs.pop("num_warps"), constexprs.pop("num_stages")
-    integers = dict.fromkeys(["heads", "length", "window", *(f"{t}_{axis}" for t in ("qkv", "out", "do")
+    integers = dict.fromkeys(["heads", "length", "window", "bands", *(f"{t}_{axis}" for t in ("qkv", "out", "do")
                                                                for axis in ("batch", "head", "row"))], "i32")
     tables = dict.fromkeys(["BIAS", "SCALE", "LSE", "DELTA", "BIAS_OUT", "SCALE_OUT"], "*fp32")
     signatures = {
@@ -323,14 +323,17 @@ def offline_requests(dtype: torch.dtype, head_dim: int, has_scale: bool, length:
 
 
 def _shared(query: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None,
-            window: int | None) -> tuple:
+            window: int | None, block: int) -> tuple:
     """The run-time arguments after the tensors: the tables (contiguous; ``LSE``-typed stand-ins when absent:
-    the kernel never reads them), heads, length, window, ``1/√D`` and the strides of ``query`` (which
-    ``key`` and ``value`` share: :func:`strided_inputs`) along batch, head and row."""
+    the kernel never reads them), heads, length, window, the causal band's width in tiles
+    (:func:`~kerple.model.bias_gradient_triton.tile_layout`), ``1/√D`` and the strides of ``query`` (which
+    ``key`` and ``value`` share: :func:`strided_inputs`) along batch, head and row. All run-time, so lengths
+    share a compiled kernel (Triton still specializes an integer on its divisibility by 16)."""
     stand_in = query.new_empty(1, dtype=torch.float32)
     tables = tuple(stand_in if t is None else t.contiguous() for t in (bias, scale))
     heads, length, head_dim = query.shape[1:]
-    return tables, (heads, length, window or length, head_dim**-0.5, *query.stride()[:3])
+    bands = tile_layout(length, block, window)[1]
+    return tables, (heads, length, window or length, bands, head_dim**-0.5, *query.stride()[:3])
 
 
 def strided_inputs(*tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -367,7 +370,7 @@ def attention_forward(
     batch, heads, length, _ = query.shape
     output = output_like(query)
     lse = torch.empty(batch, heads, length, dtype=torch.float32, device=query.device)
-    tables, scalars = _shared(query, bias, scale, window)
+    tables, scalars = _shared(query, bias, scale, window, settings["BLOCK"])
     grid = (triton.cdiv(length, settings["BLOCK"]), batch * heads)
     _forward[grid](query, key, value, *tables, output, lse, *scalars, *output.stride()[:3], **settings)
     return output, lse
@@ -387,11 +390,11 @@ def attention_backward(
     batch, heads, length, _ = query.shape
     delta = (grad_output.float() * output.float()).sum(-1)  # rowsum(dO ∘ O) [b, H, L]
     grads = [query.new_empty(query.shape) for _ in range(3)]
-    blocks = triton.cdiv(length, settings["BLOCK"])
-    partial_shape = (blocks, settings["BANDS"], batch * heads, 2 * settings["BLOCK"])
+    blocks, bands = tile_layout(length, settings["BLOCK"], window)
+    partial_shape = (blocks, bands, batch * heads, 2 * settings["BLOCK"])
     partials = [None if t is None else torch.zeros(partial_shape, dtype=torch.float32, device=query.device)
                 for t in (bias, scale)]
-    tables, scalars = _shared(query, bias, scale, window)
+    tables, scalars = _shared(query, bias, scale, window, settings["BLOCK"])
     outs = tuple(delta if p is None else p for p in partials)  # stand-ins are never written
     inputs = (query, key, value, grad_output, lse, delta, *tables)
     scalars = (*scalars, *grad_output.stride()[:3])
