@@ -15,6 +15,7 @@ import torch
 from bias_reference import eager_case, gradient_errors, tables
 
 triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
 from kerple.model import bias_gradient_triton  # noqa: E402
 from kerple.model.bias_gradient import _triton_sums, row_terms, table_gradients  # noqa: E402
 
@@ -143,3 +144,28 @@ def test_every_launch_compiles_for_sm90_without_spilling_registers() -> None:
     spilling, refused = found[len(launches):]
     assert spilling.error is None and spilling.spill_stores > 0, spilling
     assert refused.error is not None and "PassManager" in refused.error, refused
+
+
+@triton.jit
+def _prefix_sums(OUT, WIDTH: tl.constexpr):
+    """``OUT[p] = Σ_{i = max(p - 2, 0)}^{p} i``: a loop whose bounds come from the program id, at run time."""
+    program = tl.program_id(0)
+    total = tl.zeros([WIDTH], dtype=tl.float32)
+    for step in tl.range(tl.maximum(program - 2, 0), program + 1, num_stages=2):
+        total += step
+    tl.store(OUT + program * WIDTH + tl.arange(0, WIDTH), total)
+
+
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="the interpreter's conversion; a GPU compiles the loop")
+def test_the_interpreter_takes_run_time_loop_bounds() -> None:
+    """Under numpy 2.4 the interpreter converted a loop bound with ``int(array)`` and failed; mended, a loop from
+    ``max(p - 2, 0)`` to ``p`` sums 0, 0+1, 0+1+2, 1+2+3, and mending twice wraps the interpreter once."""
+    from triton.runtime import interpreter
+
+    bias_gradient_triton.allow_run_time_loop_bounds()
+    mended = interpreter._patch_lang_tensor
+    bias_gradient_triton.allow_run_time_loop_bounds()
+    assert interpreter._patch_lang_tensor is mended and getattr(mended, "mends_index", False)
+    out = torch.zeros(4, 16)
+    _prefix_sums[(4,)](out, 16)
+    assert out[:, 0].tolist() == [0.0, 1.0, 3.0, 6.0] and bool((out == out[:, :1]).all())
