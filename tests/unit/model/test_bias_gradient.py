@@ -88,7 +88,8 @@ def test_identity_compiles_as_one_opaque_call(one_thread: None) -> None:
     assert max(errors.values()) < 1e-4, errors
 
 
-@pytest.mark.parametrize("name", ["kerple_log", "rpe", "kerple_wht", "fire", "cable"])
+@pytest.mark.parametrize("name", ["kerple_log", "rpe", "kerple_wht", pytest.param("fire", marks=pytest.mark.slow),
+                                  "cable"])
 def test_model_flex_uses_the_reduction_for_distance_based_terms(name: str, monkeypatch: pytest.MonkeyPatch,
                                                                 one_thread: None) -> None:
     """Compiled flex training (AOTAutograd on a CPU): the kernel captures no tensor that needs a gradient for a

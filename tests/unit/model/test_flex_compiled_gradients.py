@@ -65,7 +65,7 @@ def test_learnable_entries_are_listed() -> None:
 
 
 @pytest.mark.parametrize("head_dim", [16, 64])
-@pytest.mark.parametrize("name", LEARNABLE)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "fire" else n for n in LEARNABLE])
 def test_compiled_flex_gradients_equal_eager(name: str, head_dim: int, monkeypatch: pytest.MonkeyPatch,
                                              one_thread: None) -> None:
     model, tokens = _model(name, head_dim), _tokens()
@@ -83,7 +83,7 @@ def test_compiled_flex_gradients_equal_eager(name: str, head_dim: int, monkeypat
         "a learnable embedding's parameters get gradients")
 
 
-@pytest.mark.parametrize("name", ["kerple_log", "kerple_bias_wht", "fire"])
+@pytest.mark.parametrize("name", ["kerple_log", "kerple_bias_wht", pytest.param("fire", marks=pytest.mark.slow)])
 def test_compiled_flex_training_moves_positional_parameters_as_eager(name: str, monkeypatch: pytest.MonkeyPatch,
                                                                      one_thread: None) -> None:
     """Four SGD steps through the compiled kernel: the positional parameters leave their initial
