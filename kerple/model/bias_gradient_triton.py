@@ -63,6 +63,29 @@ def tile_diagonal_sums(values, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def tile_logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
+            BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+            INPUT_PRECISION: tl.constexpr):
+    """``(x, S, visible, scale)`` of the tile of query rows ``rows`` and key columns ``cols``, each ``[B, B]``:
+    ``x = q kᵀ / √d``, ``S = x · scale[h, d] + bias[h, d]`` (``scale`` 1 without a scale table), ``visible``
+    the causal (and window) mask. The logits of both kernels that recompute a tile."""
+    distance = rows[:, None] - cols[None, :]
+    visible = (distance >= 0) & (rows < length)[:, None] & (cols < length)[None, :]
+    if HAS_WINDOW:
+        visible = visible & (distance < window)
+    index = head * length + tl.minimum(tl.maximum(distance, 0), length - 1)
+    x = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * sm_scale
+    if HAS_SCALE:
+        scale = tl.load(SCALE + index, mask=visible, other=0.0)
+    else:
+        scale = tl.full([BLOCK, BLOCK], 1.0, tl.float32)
+    score = x * scale
+    if HAS_BIAS:
+        score = score + tl.load(BIAS + index, mask=visible, other=0.0)
+    return x, score, visible, scale
+
+
+@triton.jit
 def _band_tile(query_block, key_block, sums, Q, K, V, DO, LSE, DELTA, BIAS, SCALE,
                stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl,
                stride_vb, stride_vh, stride_vl, stride_ob, stride_oh, stride_ol,
@@ -88,17 +111,8 @@ def _band_tile(query_block, key_block, sums, Q, K, V, DO, LSE, DELTA, BIAS, SCAL
         q, do, k, v = q.to(tl.float32), do.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
     lse = tl.load(LSE + batch_head * length + rows, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + batch_head * length + rows, mask=row_ok, other=0.0)
-    distance = rows[:, None] - cols[None, :]  # [BLOCK, BLOCK]
-    valid = (distance >= 0) & row_ok[:, None] & col_ok[None, :]
-    if HAS_WINDOW:
-        valid = valid & (distance < window)
-    table_index = head * length + tl.minimum(tl.maximum(distance, 0), length - 1)
-    x = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * sm_scale  # fp32 [BLOCK, BLOCK]
-    score = x
-    if HAS_SCALE:
-        score = score * tl.load(SCALE + table_index, mask=valid, other=0.0)
-    if HAS_BIAS:
-        score = score + tl.load(BIAS + table_index, mask=valid, other=0.0)
+    x, score, valid, _ = tile_logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
+                                     BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, INPUT_PRECISION)
     probs = tl.where(valid, tl.exp(score - lse[:, None]), 0.0)
     grad_probs = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # fp32 [BLOCK, BLOCK]
     grad_scores = probs * (grad_probs - delta[:, None])

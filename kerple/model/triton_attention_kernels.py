@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from kerple.model.bias_gradient_triton import (check_device, distance_sums_from_partials, tile_diagonal_sums,
-                                                tile_layout)
+                                                tile_layout, tile_logits)
 
 PIPELINED = True
 """``False``: one pipeline stage, the loops' loads not issued ahead (``benchmarks/bias_gradient.py`` times both)."""
@@ -85,37 +85,16 @@ def _row_statistics(LSE, DELTA, batch_head, length, rows, row_ok):
 
 
 @triton.jit
-def _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
-            BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr,
-            INPUT_PRECISION: tl.constexpr):
-    """``(x, S, visible, scale)`` of one tile, each ``[B, B]`` (``scale`` is 1 without a scale table)."""
-    distance = rows[:, None] - cols[None, :]
-    visible = (distance >= 0) & (rows < length)[:, None] & (cols < length)[None, :]
-    if HAS_WINDOW:
-        visible = visible & (distance < window)
-    index = head * length + tl.minimum(tl.maximum(distance, 0), length - 1)
-    x = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * sm_scale
-    if HAS_SCALE:
-        scale = tl.load(SCALE + index, mask=visible, other=0.0)
-    else:
-        scale = tl.full([BLOCK, BLOCK], 1.0, tl.float32)
-    score = x * scale
-    if HAS_BIAS:
-        score = score + tl.load(BIAS + index, mask=visible, other=0.0)
-    return x, score, visible, scale
-
-
-@triton.jit
 def _key_tile(q, key_block, K, V, BIAS, SCALE, base, rows, dims, dim_ok, head, length, window, sm_scale, qkv_row,
               BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr,
               UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Key block ``key_block``'s ``k`` and ``v`` tiles and its logits against the rows' ``q``:
-    ``(k, v, S, visible, scale)`` (:func:`_logits`)."""
+    ``(k, v, S, visible, scale)`` (:func:`~kerple.model.bias_gradient_triton.tile_logits`)."""
     cols = key_block * BLOCK + tl.arange(0, BLOCK)
     col_ok = cols < length
     k = _load_tile(K + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
     v = _load_tile(V + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
-    _, score, visible, scale = _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
+    _, score, visible, scale = tile_logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
                                        BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, INPUT_PRECISION)
     return k, v, score, visible, scale
 
@@ -178,7 +157,7 @@ def _backward_keys_tile(k, v, query_block, band, key_block, grad_key, grad_value
     q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, qkv_row, UPCAST)
     do = _load_tile(DO + grad_base, rows, row_ok, dims, dim_ok, do_row, UPCAST)
     lse, delta = _row_statistics(LSE, DELTA, batch_head, length, rows, row_ok)
-    x, score, visible, scale = _logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
+    x, score, visible, scale = tile_logits(q, k, rows, cols, head, length, window, BIAS, SCALE, sm_scale,
                                        BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, INPUT_PRECISION)
     probs = tl.where(visible, tl.exp(tl.where(visible, score - lse[:, None], MASKED)), 0.0)
     grad_probs = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
