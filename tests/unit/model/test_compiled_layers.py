@@ -13,8 +13,6 @@ from kerple import positional
 from kerple.model import GPTModel, maybe_compile
 from model_helpers import HEAD_DIM, HEADS, HIDDEN, VOCAB, tiny_model
 
-pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-
 
 def layer_graphs(name: str, impl: str, training: bool) -> tuple[int, int, list[str]]:
     """(graphs, graph breaks, reasons) of Dynamo tracing the first layer's forward, with autograd
@@ -38,6 +36,7 @@ def test_a_layer_is_one_graph_for_every_embedding(name: str) -> None:
     assert (graphs, breaks) == (1, 0), ("flex", reasons)
 
 
+@pytest.mark.slow  # inductor compiles C++ for the layers: 15-30 s each on 2 cold cores
 @pytest.mark.parametrize("name", ["kerple_log", "cable"])
 def test_inductor_layers_equal_eager_and_share_one_graph(name: str, one_thread) -> None:
     """kerple_log: a learnable bias through the fused CPU attention's custom backward; CABLE: a
@@ -59,6 +58,7 @@ def test_inductor_layers_equal_eager_and_share_one_graph(name: str, one_thread) 
     assert counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])
 
 
+@pytest.mark.slow  # inductor in bf16: about 20 s on 2 cold cores
 def test_compiled_layers_through_pytorchs_sdpa_give_the_mask_eagers_gradient_in_bf16(
         one_thread, monkeypatch: pytest.MonkeyPatch) -> None:
     """The path CUDA trains a bias with: PyTorch's own sdpa, its mask's gradient through autograd (here

@@ -35,7 +35,6 @@ from kerple.positional.logit_term import distance_table_term
 
 H100 = DeviceLimits("NVIDIA H100 80GB HBM3", (9, 0), 232448)  # Triton's reported hardware limit
 A10 = DeviceLimits("NVIDIA A10", (8, 6), 101376)  # 99 KiB opt-in
-pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
 
 def test_pytorch_defaults_for_head_dim_64_are_the_published_ones() -> None:

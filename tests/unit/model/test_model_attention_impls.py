@@ -9,7 +9,6 @@ from kerple import positional
 from kerple.model.attention import ATTENTION_IMPLS
 from model_helpers import VOCAB, supported_impls, tiny_model
 
-pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
 NAMES = positional.names()
 

@@ -16,7 +16,6 @@ from kerple.model import build_model, choose_implementation, maybe_compile, unsu
 from kerple.model.attention import CPU_FLEX_MIN_LENGTH, CUDA_TRAIN_FLEX_MIN_LENGTH
 from model_helpers import VOCAB, tiny_model
 
-pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
 TINY = {
     "num_layers": 2,

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from kerple.checkpoint import NeoxAdapter
 from model_helpers import HEADS, LAYERS, VOCAB, cable_reference_bias, fire_reference_bias, reference_forward, tiny_model
 
-pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 SEQ = 19
 
 

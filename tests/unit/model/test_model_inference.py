@@ -9,8 +9,6 @@ import torch.nn.functional as F
 from kerple.model import KVCache
 from model_helpers import VOCAB, tiny_model
 
-pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-
 
 def _tokens(batch: int, seq: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))

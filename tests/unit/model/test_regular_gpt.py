@@ -16,7 +16,6 @@ from kerple.model.dilated_attention import (
 )
 from kerple.model.regular import DilatedSelfAttention, RegularContext, RegularGPT
 
-pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
 KERNELS = {
     "dense": dense_dilated_attention,
