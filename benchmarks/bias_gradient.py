@@ -35,7 +35,10 @@ order, median; CUDA synchronised around each call):
   FlashAttention-2 kernel with the tables in its logits whose backward also sums the tables' gradient from
   its ``dS`` tiles. Before timing, a line compares its output, ``dq`` and the tables' gradient with
   ``flex + reduction``'s on the same inputs (the tests run it only in Triton's CPU interpreter); ``not pipelined``:
-  the same with one pipeline stage (``PIPELINED`` off): its loads are not issued ahead; ``64-wide tiles``
+  the same with one pipeline stage (``PIPELINED`` off): its loads are not issued ahead; ``partial rows shared``:
+  the key-side backward's programs share key blocks and add into shared rows of its partial buffer
+  (``PARTIALS_BYTES`` 0: as few programs as :func:`~kerple.model.triton_attention_kernels.key_programs` allows,
+  as beyond 256 MB of partials at long lengths); ``64-wide tiles``
   (head_dim above 64): tiles of 64 where the kernels choose 32 (Hopper's wgmma in 16 bits instead of
   mma.sync; compiled offline the key-side backward then spills 56 B a thread).
 
@@ -194,14 +197,15 @@ def _fused_row(embedding: positional.PositionalEmbedding, tensors: list[torch.Te
         return {}
     wide = {"triton, fused, 64-wide tiles": _fused(embedding, tensors, block=64)} if tensors[0].shape[-1] > 64 else {}
     return {"triton, fused": _fused(embedding, tensors),
-            "triton, fused, not pipelined": _fused(embedding, tensors, pipelined=False), **wide}
+            "triton, fused, not pipelined": _fused(embedding, tensors, PIPELINED=False),
+            "triton, fused, partial rows shared": _fused(embedding, tensors, PARTIALS_BYTES=0), **wide}
 
 
-def _fused(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor], pipelined: bool = True,
-           block: int = 0) -> Callable[[], list[torch.Tensor]]:
-    """One forward + backward through ``attention_impl: triton``'s kernel (``pipelined`` false: one pipeline
-    stage; ``block``: the tile width, 0 the kernels' choice); returns the output, ``dq`` and the present tables'
-    gradients."""
+def _fused(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor], block: int = 0,
+           **settings: Any) -> Callable[[], list[torch.Tensor]]:
+    """One forward + backward through ``attention_impl: triton``'s kernel (``block``: the tile width, 0 the
+    kernels' choice; ``settings``: module settings of ``triton_attention_kernels`` changed for the call);
+    returns the output, ``dq`` and the present tables' gradients."""
     from kerple.model import triton_attention_kernels
     from kerple.model.triton_attention import fused_attention
 
@@ -212,12 +216,15 @@ def _fused(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor
         query, key, value = (t.detach().requires_grad_() for t in (q, k, v))
         tables = [None if t is None else t.detach().requires_grad_()
                   for t in embedding.distance_tables(length, q.device)]
-        triton_attention_kernels.PIPELINED = pipelined
+        before = {name: getattr(triton_attention_kernels, name) for name in settings}
+        for name, setting in settings.items():
+            setattr(triton_attention_kernels, name, setting)
         try:
             output, _ = fused_attention(query, key, value, *tables, None, block)
             output.backward(upstream)
         finally:
-            triton_attention_kernels.PIPELINED = True
+            for name, setting in before.items():
+                setattr(triton_attention_kernels, name, setting)
         return [output, query.grad, *(t.grad for t in tables if t is not None)]
 
     return run

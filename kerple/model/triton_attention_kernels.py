@@ -19,7 +19,10 @@ buffer ``[key blocks, bands, b·H, 2B]``; the caller adds the partials in a fixe
 (:func:`~kerple.model.bias_gradient_triton.distance_sums_from_partials`). No atomics anywhere, so the
 gradients are deterministic: ``dq`` comes from a second program per query block (Algorithm 2's ``dQ`` as a
 loop of its own, rather than atomic adds). The buffer holds ``b·H·L²·2/B`` floats (``2·L·W/B`` per
-``b·H`` with a window): 12.6 MB for 32 x 12 heads x 512 tokens at ``B = 64``.
+``b·H`` with a window): 12.6 MB for 32 x 12 heads x 512 tokens at ``B = 64``. Past 256 MB a table
+(``PARTIALS_BYTES``) programs share key blocks, each adding its blocks' sums into its one row of the buffer,
+in a fixed order: at 65,536 tokens of 12 heads, 86 rows (540 MB) instead of 1,024 (6.4 GB), so long
+sequences train with a buffer that grows as ``L``, not ``L²``.
 
 Each kernel's loop over tiles runs over the causal band's blocks, bounds computed at run time: a plain loop,
 which Triton's software pipeliner overlaps with its loads (compiled for sm_90, the tiles' loads become
@@ -43,6 +46,13 @@ from kerple.model.bias_gradient_triton import (check_device, distance_sums_from_
 
 PIPELINED = True
 """``False``: one pipeline stage, the loops' loads not issued ahead (``benchmarks/bias_gradient.py`` times both)."""
+PARTIALS_BYTES = 256 * 2**20
+"""The largest partial buffer (per table) the key-side backward gets with one program per key block
+(:func:`key_programs`). One program per key block takes 12.6 MB at 512 tokens of 32 x 12 heads (``B = 64``),
+and would take 403 MB at 16,384 tokens of 12 heads (170 programs share the 256 key blocks: 267 MB)."""
+KEY_PROGRAMS = 1024
+"""The fewest key-side programs (all batch·heads together) when key blocks share one: several per SM of an
+H100 or H200 (132), so sharing them keeps the GPU busy. Not timed on a GPU."""
 MASKED = tl.constexpr(-1.0e30)  # a finite "minus infinity": a row with no visible key yet keeps exp() finite
 
 
@@ -64,15 +74,15 @@ def _load_tile(pointer, rows, row_ok, dims, dim_ok, row_stride, UPCAST: tl.const
 
 
 @triton.jit
-def _program_tiles(heads, length, stride_batch, stride_head, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+def _program_tiles(block, heads, length, stride_batch, stride_head, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK: tl.constexpr):
     """What every program starts from: its batch·head, head (int64), where that head's ``[L, D]`` matrix starts
-    (these strides), the head dimension's indices and mask, and its block's positions and mask."""
+    (these strides), the head dimension's indices and mask, and block ``block``'s positions and mask."""
     batch_head = tl.program_id(1)
     head = (batch_head % heads).to(tl.int64)
     base = _head_start(batch_head, heads, stride_batch, stride_head)
     dims = tl.arange(0, BLOCK_D)
-    positions = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    positions = block * BLOCK + tl.arange(0, BLOCK)
     return batch_head, head, base, dims, dims < HEAD_DIM, positions, positions < length
 
 
@@ -126,8 +136,8 @@ def _forward(
 ):
     """Algorithm 1 for query block ``program_id(0)`` of batch·head ``program_id(1)``: ``OUT`` and ``LSE``."""
     query_block = tl.program_id(0)
-    batch_head, head, base, dims, dim_ok, rows, row_ok = _program_tiles(heads, length, qkv_batch, qkv_head,
-                                                                        HEAD_DIM, BLOCK_D, BLOCK)
+    batch_head, head, base, dims, dim_ok, rows, row_ok = _program_tiles(query_block, heads, length, qkv_batch,
+                                                                        qkv_head, HEAD_DIM, BLOCK_D, BLOCK)
     q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, qkv_row, UPCAST)
     row_max = tl.full([BLOCK], MASKED, tl.float32)
     row_sum = tl.zeros([BLOCK], dtype=tl.float32)
@@ -145,13 +155,14 @@ def _forward(
 
 
 @triton.jit
-def _backward_keys_tile(k, v, query_block, band, key_block, grad_key, grad_value, Q, DO, LSE, DELTA, BIAS, SCALE,
+def _backward_keys_tile(k, v, query_block, band, slot_row, grad_key, grad_value, Q, DO, LSE, DELTA, BIAS, SCALE,
                         BIAS_OUT, SCALE_OUT, batch_head, head, base, grad_base, dims, dim_ok, cols, length, window,
                         sm_scale, qkv_row, do_row, bands, BLOCK: tl.constexpr,
                         HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                        UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+                        UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr, ACCUMULATE: tl.constexpr):
     """Algorithm 2's inner step for query block ``query_block`` (on band ``band``): ``dK`` and ``dV`` so far, and
-    the tile's diagonal sums of ``dS`` (and ``dS ∘ x``) stored in its slot of the partial buffers."""
+    the tile's diagonal sums of ``dS`` (and ``dS ∘ x``) in slot ``(slot_row, band)`` of the partial buffers
+    (added to what the slot holds with ``ACCUMULATE``)."""
     rows = query_block * BLOCK + tl.arange(0, BLOCK)
     row_ok = rows < length
     q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, qkv_row, UPCAST)
@@ -164,27 +175,40 @@ def _backward_keys_tile(k, v, query_block, band, key_block, grad_key, grad_value
     grad_scores = probs * (grad_probs - delta[:, None])  # dS [B, B]
     grad_value += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=INPUT_PRECISION)
     grad_key += tl.dot(tl.trans((grad_scores * scale).to(q.dtype)), q, input_precision=INPUT_PRECISION)
-    slot = ((key_block * bands + band) * tl.num_programs(1) + batch_head).to(tl.int64) * 2 * BLOCK
+    slot = ((slot_row * bands + band) * tl.num_programs(1) + batch_head).to(tl.int64) * 2 * BLOCK
     if HAS_BIAS:
-        tl.store(BIAS_OUT + slot + tl.arange(0, 2 * BLOCK), tile_diagonal_sums(grad_scores, BLOCK))
+        _into_slot(BIAS_OUT + slot, tile_diagonal_sums(grad_scores, BLOCK), BLOCK, ACCUMULATE)
     if HAS_SCALE:
-        tl.store(SCALE_OUT + slot + tl.arange(0, 2 * BLOCK), tile_diagonal_sums(grad_scores * x, BLOCK))
+        _into_slot(SCALE_OUT + slot, tile_diagonal_sums(grad_scores * x, BLOCK), BLOCK, ACCUMULATE)
     return grad_key, grad_value
+
+
+@triton.jit
+def _into_slot(pointer, sums, BLOCK: tl.constexpr, ACCUMULATE: tl.constexpr):
+    """Store the ``[2B]`` ``sums`` at ``pointer``, with ``ACCUMULATE`` added to what is there."""
+    offsets = tl.arange(0, 2 * BLOCK)
+    if ACCUMULATE:
+        sums += tl.load(pointer + offsets)
+    tl.store(pointer + offsets, sums)
 
 
 @triton.jit
 def _backward_keys(
     Q, K, V, DO, LSE, DELTA, BIAS, SCALE, DK, DV, BIAS_OUT, SCALE_OUT, heads, length, window, bands, sm_scale,
-    qkv_batch, qkv_head, qkv_row, do_batch, do_head, do_row,
+    qkv_batch, qkv_head, qkv_row, do_batch, do_head, do_row, first_block,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, ACCUMULATE: tl.constexpr,
 ):
-    """Algorithm 2's outer loop for key block ``program_id(0)``, band by band: ``dK``, ``dV`` (contiguous) and
-    each tile's diagonal sums into slot ``(key block, band, batch·head)`` of the partial buffers."""
+    """Algorithm 2's outer loop for key block ``first_block + program_id(0)``, band by band: ``dK``, ``dV``
+    (contiguous) and each tile's diagonal sums into slot ``(program_id(0), band, batch·head)`` of the partial
+    buffers (added to what is there with ``ACCUMULATE``: :func:`key_programs`); a key block past the end has
+    no tile and stores nothing."""
     key_block = tl.program_id(0)
-    batch_head, head, base, dims, dim_ok, cols, col_ok = _program_tiles(heads, length, qkv_batch, qkv_head,
-                                                                        HEAD_DIM, BLOCK_D, BLOCK)
+    if ACCUMULATE:  # without, the kernel compiles as if first_block were not there (it is 0)
+        key_block += first_block
+    batch_head, head, base, dims, dim_ok, cols, col_ok = _program_tiles(key_block, heads, length, qkv_batch,
+                                                                        qkv_head, HEAD_DIM, BLOCK_D, BLOCK)
     grad_base = _head_start(batch_head, heads, do_batch, do_head)
     k = _load_tile(K + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
     v = _load_tile(V + base, cols, col_ok, dims, dim_ok, qkv_row, UPCAST)
@@ -192,9 +216,10 @@ def _backward_keys(
     grad_value = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
     for query_block in range(key_block, tl.minimum(key_block + bands, tl.cdiv(length, BLOCK))):
         grad_key, grad_value = _backward_keys_tile(
-            k, v, query_block, query_block - key_block, key_block, grad_key, grad_value, Q, DO, LSE, DELTA, BIAS,
-            SCALE, BIAS_OUT, SCALE_OUT, batch_head, head, base, grad_base, dims, dim_ok, cols, length, window,
-            sm_scale, qkv_row, do_row, bands, BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
+            k, v, query_block, query_block - key_block, tl.program_id(0), grad_key, grad_value, Q, DO, LSE, DELTA,
+            BIAS, SCALE, BIAS_OUT, SCALE_OUT, batch_head, head, base, grad_base, dims, dim_ok, cols, length, window,
+            sm_scale, qkv_row, do_row, bands, BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION,
+            ACCUMULATE)
     pointers = batch_head.to(tl.int64) * length * HEAD_DIM + cols[:, None] * HEAD_DIM + dims[None, :]
     tile_ok = col_ok[:, None] & dim_ok[None, :]
     tl.store(DK + pointers, (grad_key * sm_scale).to(DK.dtype.element_ty), mask=tile_ok)
@@ -227,8 +252,8 @@ def _backward_queries(
     """``dQ`` (contiguous) of query block ``program_id(0)``: Algorithm 2's inner update, looped over the key
     blocks in ascending order."""
     query_block = tl.program_id(0)
-    batch_head, head, base, dims, dim_ok, rows, row_ok = _program_tiles(heads, length, qkv_batch, qkv_head,
-                                                                        HEAD_DIM, BLOCK_D, BLOCK)
+    batch_head, head, base, dims, dim_ok, rows, row_ok = _program_tiles(query_block, heads, length, qkv_batch,
+                                                                        qkv_head, HEAD_DIM, BLOCK_D, BLOCK)
     q = _load_tile(Q + base, rows, row_ok, dims, dim_ok, qkv_row, UPCAST)
     do = _load_tile(DO + _head_start(batch_head, heads, do_batch, do_head), rows, row_ok, dims, dim_ok, do_row,
                     UPCAST)
@@ -240,6 +265,17 @@ def _backward_queries(
             length, window, sm_scale, qkv_row, BLOCK, HAS_BIAS, HAS_SCALE, HAS_WINDOW, UPCAST, INPUT_PRECISION)
     pointers = batch_head.to(tl.int64) * length * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :]
     tl.store(DQ + pointers, (grad_query * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+
+
+def key_programs(blocks: int, bands: int, batch_heads: int, block: int) -> int:
+    """Key-side backward programs per batch·head: one per key block while the partial buffer of a table,
+    ``[programs, bands, b·H, 2B]`` float32, stays within :data:`PARTIALS_BYTES`; beyond, as few as fit in it, but
+    never fewer than :data:`KEY_PROGRAMS` over all batch·heads (each program then walks every ``P``-th key block,
+    adding into its own row). So the buffer grows as ``L²/B`` up to the cap, then as ``L``."""
+    row_bytes = bands * batch_heads * 2 * block * 4
+    if blocks * row_bytes <= PARTIALS_BYTES:
+        return blocks
+    return min(blocks, max(PARTIALS_BYTES // row_bytes, triton.cdiv(KEY_PROGRAMS, batch_heads)))
 
 
 def tile_size(dtype: torch.dtype, head_dim: int) -> int:
@@ -278,14 +314,16 @@ def _settings(query: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tenso
 
 
 def offline_requests(dtype: torch.dtype, head_dim: int, has_scale: bool, length: int = 512,
-                     window: int | None = None, num_warps: int | None = None) -> dict[str, dict]:
+                     window: int | None = None, num_warps: int | None = None,
+                     accumulate: bool = False) -> dict[str, dict]:
     """Per kernel, the arguments of :func:`kerple.measure.triton_offline.compile_here` for a launch on a GPU
-    with a bias table (and a scale table when ``has_scale``)."""
+    with a bias table (and a scale table when ``has_scale``); ``accumulate``: the key-side backward as it runs
+    when key blocks share the partial buffer's rows (:func:`key_programs`)."""
     element = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
     constexprs = launch_settings(dtype, head_dim, length, True, has_scale, window)
     warps, stages = constexprs.pop("num_warps"), constexprs.pop("num_stages")
-    integers = dict.fromkeys(["heads", "length", "window", "bands", *(f"{t}_{axis}" for t in ("qkv", "out", "do")
-                                                               for axis in ("batch", "head", "row"))], "i32")
+    strides = [f"{t}_{axis}" for t in ("qkv", "out", "do") for axis in ("batch", "head", "row")]
+    integers = dict.fromkeys(["heads", "length", "window", "bands", "first_block", *strides], "i32")
     tables = dict.fromkeys(["BIAS", "SCALE", "LSE", "DELTA", "BIAS_OUT", "SCALE_OUT"], "*fp32")
     signatures = {
         "_forward": ["Q", "K", "V", "OUT"], "_backward_keys": ["Q", "K", "V", "DO", "DK", "DV"],
@@ -295,8 +333,9 @@ def offline_requests(dtype: torch.dtype, head_dim: int, has_scale: bool, length:
     for name, tensors in signatures.items():
         kernel = globals()[name]
         signature = {**dict.fromkeys(tensors, f"*{element}"), **tables, **integers, "sm_scale": "fp32"}
-        signature = {param: signature[param] for param in kernel.arg_names if param not in constexprs}
-        requests[name] = {"kernel": f"{__name__}:{name}", "signature": signature, "constexprs": constexprs,
+        own = {**constexprs, **({"ACCUMULATE": accumulate} if name == "_backward_keys" else {})}
+        signature = {param: signature[param] for param in kernel.arg_names if param not in own}
+        requests[name] = {"kernel": f"{__name__}:{name}", "signature": signature, "constexprs": own,
                           "num_warps": num_warps or warps, "num_stages": stages}
     return requests
 
@@ -370,14 +409,17 @@ def attention_backward(
     delta = (grad_output.float() * output.float()).sum(-1)  # rowsum(dO ∘ O) [b, H, L]
     grads = [query.new_empty(query.shape) for _ in range(3)]
     blocks, bands = tile_layout(length, settings["BLOCK"], window)
-    partial_shape = (blocks, bands, batch * heads, 2 * settings["BLOCK"])
+    programs = key_programs(blocks, bands, batch * heads, settings["BLOCK"])
+    partial_shape = (programs, bands, batch * heads, 2 * settings["BLOCK"])
     partials = [None if t is None else torch.zeros(partial_shape, dtype=torch.float32, device=query.device)
                 for t in (bias, scale)]
     tables, scalars = _shared(query, bias, scale, window, settings["BLOCK"])
     outs = tuple(delta if p is None else p for p in partials)  # stand-ins are never written
     inputs = (query, key, value, grad_output, lse, delta, *tables)
     scalars = (*scalars, *grad_output.stride()[:3])
-    _backward_keys[(blocks, batch * heads)](*inputs, grads[1], grads[2], *outs, *scalars, **settings)
+    for first_block in range(0, blocks, programs):  # one launch unless key blocks share rows; then in order
+        _backward_keys[(programs, batch * heads)](*inputs, grads[1], grads[2], *outs, *scalars, first_block,
+                                                  ACCUMULATE=programs < blocks, **settings)
     _backward_queries[(blocks, batch * heads)](*inputs, grads[0], *scalars, **settings)
     table_grads = [None if p is None else distance_sums_from_partials(p, heads, length) for p in partials]
     return grads[0], grads[1], grads[2], table_grads[0], table_grads[1]

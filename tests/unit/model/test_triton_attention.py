@@ -101,6 +101,46 @@ def test_the_tiles_a_gpu_launches_match_the_formula(head_dim: int, block: int, w
     assert max(errors.values()) < TOLERANCE[torch.bfloat16], errors
 
 
+@pytest.mark.parametrize(("tables", "window"), [("bias+scale", None), ("bias", 40)])
+def test_key_blocks_sharing_the_partial_rows_match_the_formula(tables: str, window: int | None,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partial buffer capped below its size: 100 tokens in 16-wide tiles are 7 key blocks; the key-side
+    backward gets 3 rows (12 programs over 4 batch·heads), so 3 launches, the last reaching past the end,
+    each adding into the rows the one before wrote."""
+    from kerple.model import triton_attention_kernels as kernels
+
+    monkeypatch.setattr(kernels, "PARTIALS_BYTES", 1)
+    monkeypatch.setattr(kernels, "KEY_PROGRAMS", 12)
+    launches = []
+    original = kernels._backward_keys
+
+    class Counting:
+        def __getitem__(self, grid):  # type: ignore[no-untyped-def]
+            launches.append(grid)
+            return original[grid]
+
+    monkeypatch.setattr(kernels, "_backward_keys", Counting())
+    errors = _errors(64, torch.float32, tables, window, length=100)
+    assert launches == [(3, BATCH * HEADS)] * 3
+    assert max(errors.values()) < TOLERANCE[torch.float32], errors
+
+
+@pytest.mark.parametrize(("length", "batch_heads", "block", "window", "expected"), [
+    (512, 32 * 12, 64, None, 8),  # 12.6 MB: one program per key block
+    (16_384, 12, 64, None, 170),  # 403 MB > 256 MiB: 256 MiB // 1.57 MB per row
+    (65_536, 12, 64, None, 86),  # 6.4 GB: 42 rows would fit; the floor of 1,024 programs gives 86
+    (65_536, 12, 64, 512, 1_024),  # a window of 512: 9 bands, 57 MB
+])
+def test_the_partial_buffer_stops_growing_with_the_square_of_the_length(
+        length: int, batch_heads: int, block: int, window: int | None, expected: int) -> None:
+    """Rows of the key-side partial buffer (``[rows, bands, b·H, 2B]`` float32), worked out by hand."""
+    from kerple.model.bias_gradient_triton import tile_layout
+    from kerple.model.triton_attention_kernels import key_programs
+
+    blocks, bands = tile_layout(length, block, window)
+    assert key_programs(blocks, bands, batch_heads, block) == expected
+
+
 @pytest.mark.parametrize("layout", ["packed", "mixed"])
 def test_strided_inputs_are_read_in_place(layout: str) -> None:
     """``q``, ``k``, ``v`` as the model hands them over (views of one ``[b, L, H, 3D]`` projection, ``dO`` a
@@ -246,14 +286,16 @@ def test_the_loops_over_tiles_are_pipelined_for_sm90() -> None:
     """Compiled offline for an H100/H200 (Triton and its ``ptxas``, no GPU): in every kernel the key or query
     tiles' loads are ``cp.async`` copies issued ahead of the compute (Triton's software pipelining, which a
     branch inside the loop prevents: the kernels had 0), the dots run on Hopper's wgmma at head_dim 64, and with
-    a bias table alone (KERPLE-log, ALiBi, T5) no launch spills a register. fp32 at head_dim 128 runs one
-    stage: no copy issued ahead."""
+    a bias table alone (KERPLE-log, ALiBi, T5) no launch spills a register, but the key-side backward that
+    adds into shared partial rows (long sequences). fp32 at head_dim 128 runs one stage: no copy issued ahead."""
     from kerple.measure.triton_offline import kernel_resources
     from kerple.model.triton_attention_kernels import offline_requests
 
     cases = [(torch.bfloat16, 64, False), (torch.float16, 64, False), (torch.bfloat16, 128, False),
              (torch.bfloat16, 64, True), (torch.float32, 128, False)]
     labelled = [(case, name, request) for case in cases for name, request in offline_requests(*case).items()]
+    labelled.append(((torch.bfloat16, 64, False), "_backward_keys, rows shared",
+                     offline_requests(torch.bfloat16, 64, False, accumulate=True)["_backward_keys"]))
     found = kernel_resources([request for *_, request in labelled])
     for ((dtype, head_dim, scale), name, _), resources in zip(labelled, found):
         label = (dtype, head_dim, scale, name, resources)
@@ -263,5 +305,5 @@ def test_the_loops_over_tiles_are_pipelined_for_sm90() -> None:
             continue
         assert resources.async_copies > 0, label
         assert resources.tensor_cores == ("wgmma" if head_dim == 64 else "mma"), label
-        if not scale:
+        if not scale and "shared" not in name:  # sharing rows (long sequences only) spills 20 B a thread
             assert resources.spill_stores == resources.spill_loads == 0, label
