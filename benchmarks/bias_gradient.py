@@ -204,10 +204,14 @@ def _fused_row(embedding: positional.PositionalEmbedding, tensors: list[torch.Te
 def _fused(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor], block: int = 0,
            **settings: Any) -> Callable[[], list[torch.Tensor]]:
     """One forward + backward through ``attention_impl: triton``'s kernel (``block``: the tile width, 0 the
-    kernels' choice; ``settings``: module settings of ``triton_attention_kernels`` changed for the call);
-    returns the output, ``dq`` and the present tables' gradients."""
-    from kerple.model import triton_attention_kernels
+    kernels' choice; ``settings``: module settings of ``triton_attention_kernels``, or of the
+    ``bias_gradient_triton`` it shares them with, changed for the call); returns the output, ``dq`` and the
+    present tables' gradients."""
+    from kerple.model import bias_gradient_triton, triton_attention_kernels
     from kerple.model.triton_attention import fused_attention
+
+    owners = {name: triton_attention_kernels if hasattr(triton_attention_kernels, name) else bias_gradient_triton
+              for name in settings}
 
     q, k, v, upstream = tensors
     length = q.shape[-2]
@@ -216,15 +220,15 @@ def _fused(embedding: positional.PositionalEmbedding, tensors: list[torch.Tensor
         query, key, value = (t.detach().requires_grad_() for t in (q, k, v))
         tables = [None if t is None else t.detach().requires_grad_()
                   for t in embedding.distance_tables(length, q.device)]
-        before = {name: getattr(triton_attention_kernels, name) for name in settings}
+        before = {name: getattr(owners[name], name) for name in settings}
         for name, setting in settings.items():
-            setattr(triton_attention_kernels, name, setting)
+            setattr(owners[name], name, setting)
         try:
             output, _ = fused_attention(query, key, value, *tables, None, block)
             output.backward(upstream)
         finally:
             for name, setting in before.items():
-                setattr(triton_attention_kernels, name, setting)
+                setattr(owners[name], name, setting)
         return [output, query.grad, *(t.grad for t in tables if t is not None)]
 
     return run

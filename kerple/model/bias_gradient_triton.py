@@ -38,6 +38,10 @@ import triton
 import triton.language as tl
 
 CHUNK = 16  # query blocks per program: the partial buffer shrinks by this factor, the grid with it
+PARTIALS_BYTES = 256 * 2**20
+"""The most a partial buffer (per table) should take, here and in ``attention_impl: triton``'s backward:
+beyond, a program walks more query blocks (:func:`chunk_size`) or key blocks share a row
+(:func:`~kerple.model.triton_attention_kernels.key_programs`), so the buffer grows as ``L``, not ``L²``."""
 STAGES = 2
 """The software pipeline's depth on a GPU: the next tile's loads issued while one computes (1: not pipelined)."""
 WARPS = 8
@@ -231,7 +235,7 @@ def diagonal_partials(
     batch, heads, length, head_dim = query.shape
     block = block or tile_size(query.dtype, head_dim)
     query_blocks, bands = tile_layout(length, block, window)
-    chunk = min(CHUNK, query_blocks)
+    chunk = chunk_size(query_blocks, bands, batch * heads, block)
     shape = (triton.cdiv(query_blocks, chunk), bands, batch * heads, 2 * block)
     bias_out, scale_out = (None if table is None else torch.empty(shape, dtype=torch.float32, device=query.device)
                            for table in (bias, scale))
@@ -244,6 +248,17 @@ def diagonal_partials(
                            interpret=interpret),
     )
     return bias_out, scale_out
+
+
+def chunk_size(query_blocks: int, bands: int, batch_heads: int, block: int) -> int:
+    """Query blocks a program walks: :data:`CHUNK` (all of them when fewer), doubled until the partial buffer
+    of a table, ``[chunks, bands, b·H, 2B]`` float32, fits in :data:`PARTIALS_BYTES` or one chunk is left:
+    at 65,536 tokens of 12 heads (``B = 64``) 32 blocks, 201 MB instead of 402."""
+    chunk = min(CHUNK, query_blocks)
+    row_bytes = bands * batch_heads * 2 * block * 4
+    while triton.cdiv(query_blocks, chunk) > 1 and triton.cdiv(query_blocks, chunk) * row_bytes > PARTIALS_BYTES:
+        chunk *= 2
+    return chunk
 
 
 def _launch_settings(dtype: torch.dtype, head_dim: int, block: int, chunk: int, has_bias: bool, has_scale: bool,

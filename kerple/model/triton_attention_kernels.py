@@ -41,15 +41,12 @@ import torch
 import triton
 import triton.language as tl
 
+from kerple.model import bias_gradient_triton
 from kerple.model.bias_gradient_triton import (check_device, distance_sums_from_partials, tile_diagonal_sums,
                                                 tile_layout, tile_logits)
 
 PIPELINED = True
 """``False``: one pipeline stage, the loops' loads not issued ahead (``benchmarks/bias_gradient.py`` times both)."""
-PARTIALS_BYTES = 256 * 2**20
-"""The largest partial buffer (per table) the key-side backward gets with one program per key block
-(:func:`key_programs`). One program per key block takes 12.6 MB at 512 tokens of 32 x 12 heads (``B = 64``),
-and would take 403 MB at 16,384 tokens of 12 heads (170 programs share the 256 key blocks: 267 MB)."""
 KEY_PROGRAMS = 1024
 """The fewest key-side programs (all batch·heads together) when key blocks share one: several per SM of an
 H100 or H200 (132), so sharing them keeps the GPU busy. Not timed on a GPU."""
@@ -269,13 +266,17 @@ def _backward_queries(
 
 def key_programs(blocks: int, bands: int, batch_heads: int, block: int) -> int:
     """Key-side backward programs per batch·head: one per key block while the partial buffer of a table,
-    ``[programs, bands, b·H, 2B]`` float32, stays within :data:`PARTIALS_BYTES`; beyond, as few as fit in it, but
-    never fewer than :data:`KEY_PROGRAMS` over all batch·heads (each program then walks every ``P``-th key block,
-    adding into its own row). So the buffer grows as ``L²/B`` up to the cap, then as ``L``."""
+    ``[programs, bands, b·H, 2B]`` float32, stays within
+    :data:`~kerple.model.bias_gradient_triton.PARTIALS_BYTES`; beyond, as few as fit in it, but never fewer
+    than :data:`KEY_PROGRAMS` over all batch·heads (each program then walks every ``P``-th key block, adding
+    into its own row). So the buffer grows as ``L²/B`` up to the cap, then as ``L``. One program per key block
+    takes 12.6 MB at 512 tokens of 32 x 12 heads (``B = 64``) and would take 403 MB at 16,384 tokens of 12
+    heads, where 170 programs share the 256 key blocks (267 MB)."""
+    cap = bias_gradient_triton.PARTIALS_BYTES
     row_bytes = bands * batch_heads * 2 * block * 4
-    if blocks * row_bytes <= PARTIALS_BYTES:
+    if blocks * row_bytes <= cap:
         return blocks
-    return min(blocks, max(PARTIALS_BYTES // row_bytes, triton.cdiv(KEY_PROGRAMS, batch_heads)))
+    return min(blocks, max(cap // row_bytes, triton.cdiv(KEY_PROGRAMS, batch_heads)))
 
 
 def tile_size(dtype: torch.dtype, head_dim: int) -> int:

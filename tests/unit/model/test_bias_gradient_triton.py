@@ -71,6 +71,34 @@ def test_kernel_over_several_chunks(name: str, gather_each_tile: bool, monkeypat
     assert max(errors.values()) < 1e-4, errors
 
 
+def test_kernel_with_a_capped_partial_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cap below the buffer's size: the chunks double (3, 6, 12 query blocks) until one is left, and the
+    program walks all 7 blocks; a bias and a scale table."""
+    from kerple.model import bias_gradient_triton
+
+    monkeypatch.setattr(bias_gradient_triton, "CHUNK", 3)
+    monkeypatch.setattr(bias_gradient_triton, "PARTIALS_BYTES", 1)
+    case = eager_case("kerple_bias_wht", (1, 2, 100, 16))
+    assert bias_gradient_triton.chunk_size(7, 7, 2, 16) == 12
+    errors = _kernel_errors(case, None, block=16)
+    assert max(errors.values()) < 1e-4, errors
+
+
+@pytest.mark.parametrize(("length", "batch_heads", "window", "expected"), [
+    (512, 32 * 12, None, 8),  # 8 query blocks: fewer than CHUNK
+    (16_384, 12, None, 16),  # 16 chunks x 256 bands x 12 x 128 floats: 25 MB
+    (65_536, 12, None, 32),  # 64 chunks would take 402 MB > 256 MiB; 32 take 201 MB
+    (131_072, 12, None, 128),  # 12.6 MB a chunk: 16 chunks (201 MB)
+    (131_072, 12, 1024, 16),  # a window: 17 bands, 128 chunks take 13 MB
+])
+def test_chunks_grow_only_past_the_cap(length: int, batch_heads: int, window: int | None, expected: int) -> None:
+    """Query blocks a program walks at ``B = 64``, worked out by hand from the buffer's size."""
+    from kerple.model.bias_gradient_triton import chunk_size, tile_layout
+
+    query_blocks, bands = tile_layout(length, 64, window)
+    assert chunk_size(query_blocks, bands, batch_heads, 64) == expected
+
+
 @pytest.mark.parametrize("head_dim", [8, 48])
 def test_kernel_default_tiles_and_odd_head_dim(head_dim: int) -> None:
     """The kernel's own tile choice (32 x 32 in fp32) over 100 tokens, head_dim padded to 16 or 64 lanes."""

@@ -107,9 +107,10 @@ def test_key_blocks_sharing_the_partial_rows_match_the_formula(tables: str, wind
     """A partial buffer capped below its size: 100 tokens in 16-wide tiles are 7 key blocks; the key-side
     backward gets 3 rows (12 programs over 4 batch·heads), so 3 launches, the last reaching past the end,
     each adding into the rows the one before wrote."""
+    from kerple.model import bias_gradient_triton
     from kerple.model import triton_attention_kernels as kernels
 
-    monkeypatch.setattr(kernels, "PARTIALS_BYTES", 1)
+    monkeypatch.setattr(bias_gradient_triton, "PARTIALS_BYTES", 1)
     monkeypatch.setattr(kernels, "KEY_PROGRAMS", 12)
     launches = []
     original = kernels._backward_keys
