@@ -39,7 +39,7 @@ from kerple.errors import UsageError, entry_point
 from kerple.flags import AT_LEAST_1, POSITIVE, check_flags, heavy_imports, name_list, number_list
 from kerple.measure.eval_memory import EvalCell, EvalSettings, load_model_config, measure_all
 
-IMPLS = ("eager", "sdpa", "flex")
+IMPLS = ("eager", "sdpa", "flex", "triton")  # triton (CUDA only) is in the default on a GPU
 LENGTHS = (512, 2048, 8192, 16384, 32768, 65536)
 FIT_EXTRA_LENGTHS = (4096, 12288)  # more points inside the fit range on CPU
 
@@ -50,7 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", action="append", default=[], help="model YAML (repeatable); default: tiny model")
     parser.add_argument("--pos-emb", default="kerple_log")
-    parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument("--impls", help="comma-separated, of eager, sdpa, flex, triton (default: eager,sdpa,flex "
+                                        "and, on a GPU, triton)")
     parser.add_argument("--lengths", help=f"default {','.join(map(str, LENGTHS))} (on CPU plus {FIT_EXTRA_LENGTHS})")
     parser.add_argument("--fit-range", default="2048,16384", help="low,high lengths of the growth fit")
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
@@ -59,7 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-seconds", type=float, default=120.0, help="skip runs projected to take longer")
     args = parser.parse_args(argv)
     check_flags(args, {"--chunk-size": AT_LEAST_1, "--budget-gib": POSITIVE, "--max-seconds": POSITIVE})
-    name_list("--impls", args.impls, IMPLS)
+    if args.impls is not None:
+        name_list("--impls", args.impls, IMPLS)
     if args.lengths is not None:
         number_list("--lengths", args.lengths, AT_LEAST_1)
     fit = number_list("--fit-range", args.fit_range, AT_LEAST_1)
@@ -132,6 +134,8 @@ def print_report(args: argparse.Namespace, cfg, results: list[EvalCell], budget:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.device = str(resolve_device(args.device))
+    if args.impls is None:
+        args.impls = ",".join(IMPLS if args.device.startswith("cuda") else IMPLS[:3])
     load = os.getloadavg()
     cfg = load_model_config(args.config, args.pos_emb)
     if args.lengths:

@@ -4,6 +4,7 @@
     python benchmarks/long_context.py --threads 2 vocab_size=4096     # CPU: the tiny model, 256, 1024, 4096 tokens
     python benchmarks/long_context.py --pe none kerple_log kerple_power rpe gauss_bias2 --lengths 512,8192
     python benchmarks/long_context.py --impls flex,sdpa --lengths 512,2048,8192   # both kernels per length
+    python benchmarks/long_context.py --impls flex,triton --lengths 512,16384,65536  # the fused Triton kernel too
 
 Each row (length x embedding x attention kernel) is one real ``Trainer`` run in a process of its own
 (:mod:`benchmarks.train_throughput`: synthetic corpus, ``--warmup`` untimed steps, the median of
@@ -20,9 +21,10 @@ above ``none``'s that grows with ``L`` (column ``extra vs none``).
 (kerple/model/attention.py, ``FLEX_FROM_LENGTH``); ``--impls flex,sdpa`` measures both, which is the
 measurement that table's CUDA rows are to be set from. Through flex a learnable distance-based term
 trains detached, its distance tables' gradient summed apart (``kerple/model/bias_gradient.py``,
-docs/flex-attention.md §5). Targets (CUDA, 162M): kerple_log, kerple_power, rpe
-and gauss_bias2 at least 0.95 of ``none``'s tokens/s at 512; kerple_log at 16,384 within 15% of ``none``
-with no ``L²`` memory.
+docs/flex-attention.md §5); ``triton`` trains it inside the fused Triton kernel (``attention_impl: triton``,
+CUDA), whose backward's partial buffer stops growing as ``L²`` past 256 MB (docs/performance.md). Targets
+(CUDA, 162M): kerple_log, kerple_power, rpe and gauss_bias2 at least 0.95 of ``none``'s tokens/s at 512;
+kerple_log at 16,384 within 15% of ``none`` with no ``L²`` memory.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from kerple.flags import AT_LEAST_0, AT_LEAST_1, check_flags, heavy_imports, nam
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # benchmarks.train_throughput, run as a script from any folder
-IMPLS = ("auto", "flex", "sdpa", "eager")
+IMPLS = ("auto", "flex", "sdpa", "eager", "triton")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -27,7 +27,7 @@ TINY_MODEL = {
     "vocab_size": 512,
     "make_vocab_size_divisible_by": 128,
 }
-SCORE_COPIES = {"eager": 5, "sdpa": 2, "flex": 0}  # fp32 [H, L, L] tensors alive at the peak
+SCORE_COPIES = {"eager": 5, "sdpa": 2, "flex": 0, "triton": 0}  # fp32 [H, L, L] tensors alive at the peak
 # glibc returns freed blocks to the OS, so a warm-up's freed memory cannot be reused unseen
 WORKER_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
 
@@ -84,7 +84,7 @@ def estimate_bytes(impl: str, length: int, cfg: Any, chunk_size: int) -> int:
     activations = 4 * length * (8 * hidden + 2 * 4 * hidden)
     logits = 3 * 4 * min(chunk_size, length) * vocab
     tables = 2 * 4 * heads * length
-    quadratic = 0 if impl == "flex" else SCORE_COPIES[impl] * 4 * heads * length**2 + 9 * length**2
+    quadratic = 0 if SCORE_COPIES[impl] == 0 else SCORE_COPIES[impl] * 4 * heads * length**2 + 9 * length**2
     return activations + logits + tables + quadratic
 
 

@@ -33,6 +33,7 @@ import torch
 
 from kerple.errors import entry_point
 from kerple.measure.eval_memory import load_model_config
+from kerple.model.attention import ATTENTION_IMPLS
 
 
 def _status_bytes(field: str) -> int:
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     """The flags :func:`kerple.measure.eval_memory.run_one` passes; the result as the last stdout line."""
     parser = argparse.ArgumentParser(prog="python -m kerple.measure.eval_worker", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--impl", required=True, choices=("eager", "sdpa", "flex"))
+    parser.add_argument("--impl", required=True, choices=ATTENTION_IMPLS)
     parser.add_argument("--length", type=int, required=True)
     parser.add_argument("--device", required=True, help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--pos-emb", required=True)

@@ -25,6 +25,8 @@ def test_the_estimate_of_the_tiny_model_at_512_tokens() -> None:
     scores = 5 * 4 * 12 * 512**2 + 9 * 512**2  # eager: five fp32 [H, L, L] copies, distance and mask
     assert estimate_bytes("eager", 512, cfg, 1024) == activations + logits + tables + scores == 74_760_192
     assert estimate_bytes("flex", 512, cfg, 1024) == activations + logits + tables
+    assert estimate_bytes("triton", 512, cfg, 1024) == activations + logits + tables  # online softmax: no scores
+    assert estimate_bytes("sdpa", 512, cfg, 1024) == activations + logits + tables + 2 * 4 * 12 * 512**2 + 9 * 512**2
 
 
 def _no_child(*args: object, **kwargs: object) -> None:
