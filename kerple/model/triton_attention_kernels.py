@@ -268,8 +268,8 @@ def key_programs(blocks: int, bands: int, batch_heads: int, block: int) -> int:
     """Key-side backward programs per batch·head: one per key block while the partial buffer of a table,
     ``[programs, bands, b·H, 2B]`` float32, stays within
     :data:`~kerple.model.bias_gradient_triton.PARTIALS_BYTES`; beyond, as few as fit in it, but never fewer
-    than :data:`KEY_PROGRAMS` over all batch·heads (each program then walks every ``P``-th key block, adding
-    into its own row). So the buffer grows as ``L²/B`` up to the cap, then as ``L``. One program per key block
+    than :data:`KEY_PROGRAMS` over all batch·heads (the kernel is then launched once per ``P`` key blocks, in
+    order, program ``p`` of each launch adding into row ``p``). So the buffer grows as ``L²/B`` up to the cap, then as ``L``. One program per key block
     takes 12.6 MB at 512 tokens of 32 x 12 heads (``B = 64``) and would take 403 MB at 16,384 tokens of 12
     heads, where 170 programs share the 256 key blocks (267 MB)."""
     cap = bias_gradient_triton.PARTIALS_BYTES
