@@ -255,10 +255,15 @@ def chunk_size(query_blocks: int, bands: int, batch_heads: int, block: int) -> i
     of a table, ``[chunks, bands, b·H, 2B]`` float32, fits in :data:`PARTIALS_BYTES` or one chunk is left:
     at 65,536 tokens of 12 heads (``B = 64``) 32 blocks, 201 MB instead of 402."""
     chunk = min(CHUNK, query_blocks)
-    row_bytes = bands * batch_heads * 2 * block * 4
+    row_bytes = partial_row_bytes(bands, batch_heads, block)
     while triton.cdiv(query_blocks, chunk) > 1 and triton.cdiv(query_blocks, chunk) * row_bytes > PARTIALS_BYTES:
         chunk *= 2
     return chunk
+
+
+def partial_row_bytes(bands: int, batch_heads: int, block: int) -> int:
+    """Bytes of one row of a partial buffer ``[rows, bands, b·H, 2B]`` float32 (both kernels' layout)."""
+    return bands * batch_heads * 2 * block * 4
 
 
 def _launch_settings(dtype: torch.dtype, head_dim: int, block: int, chunk: int, has_bias: bool, has_scale: bool,

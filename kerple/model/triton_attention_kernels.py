@@ -42,8 +42,8 @@ import triton
 import triton.language as tl
 
 from kerple.model import bias_gradient_triton
-from kerple.model.bias_gradient_triton import (check_device, distance_sums_from_partials, tile_diagonal_sums,
-                                                tile_layout, tile_logits)
+from kerple.model.bias_gradient_triton import (check_device, distance_sums_from_partials, partial_row_bytes,
+                                                tile_diagonal_sums, tile_layout, tile_logits)
 
 PIPELINED = True
 """``False``: one pipeline stage, the loops' loads not issued ahead (``benchmarks/bias_gradient.py`` times both)."""
@@ -269,11 +269,11 @@ def key_programs(blocks: int, bands: int, batch_heads: int, block: int) -> int:
     ``[programs, bands, b·H, 2B]`` float32, stays within
     :data:`~kerple.model.bias_gradient_triton.PARTIALS_BYTES`; beyond, as few as fit in it, but never fewer
     than :data:`KEY_PROGRAMS` over all batch·heads (the kernel is then launched once per ``P`` key blocks, in
-    order, program ``p`` of each launch adding into row ``p``). So the buffer grows as ``L²/B`` up to the cap, then as ``L``. One program per key block
-    takes 12.6 MB at 512 tokens of 32 x 12 heads (``B = 64``) and would take 403 MB at 16,384 tokens of 12
-    heads, where 170 programs share the 256 key blocks (267 MB)."""
+    order, program ``p`` of each launch adding into row ``p``). So the buffer grows as ``L²/B`` up to the cap,
+    then as ``L``. One program per key block takes 12.6 MB at 512 tokens of 32 x 12 heads (``B = 64``) and would
+    take 403 MB at 16,384 tokens of 12 heads, where 170 programs share the 256 key blocks (267 MB)."""
     cap = bias_gradient_triton.PARTIALS_BYTES
-    row_bytes = bands * batch_heads * 2 * block * 4
+    row_bytes = partial_row_bytes(bands, batch_heads, block)
     if blocks * row_bytes <= cap:
         return blocks
     return min(blocks, max(cap // row_bytes, triton.cdiv(KEY_PROGRAMS, batch_heads)))
