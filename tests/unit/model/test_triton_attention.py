@@ -101,29 +101,33 @@ def test_the_tiles_a_gpu_launches_match_the_formula(head_dim: int, block: int, w
     assert max(errors.values()) < TOLERANCE[torch.bfloat16], errors
 
 
-@pytest.mark.parametrize(("tables", "window"), [("bias+scale", None), ("bias", 40)])
-def test_key_blocks_sharing_the_partial_rows_match_the_formula(tables: str, window: int | None,
+@pytest.mark.parametrize(("head_dim", "dtype", "tables", "window", "launches"), [
+    (64, torch.float32, "bias+scale", None, 3), (64, torch.float32, "bias", 40, 3),
+    (128, torch.bfloat16, "bias+scale", None, 2)])
+def test_key_blocks_sharing_the_partial_rows_match_the_formula(head_dim: int, dtype: torch.dtype, tables: str,
+                                                               window: int | None, launches: int,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """A partial buffer capped below its size: 100 tokens in 16-wide tiles are 7 key blocks; the key-side
-    backward gets 3 rows (12 programs over 4 batch·heads), so 3 launches, the last reaching past the end,
-    each adding into the rows the one before wrote."""
+    """A partial buffer capped below its size: the key-side backward gets 3 rows (12 programs over 4
+    batch·heads), so 100 tokens take 3 launches in 16-wide tiles (7 key blocks) and 2 in the 32-wide tiles
+    a GPU uses at head_dim 128 in bf16 (4 key blocks), the last reaching past the end, each adding into the
+    rows the one before wrote."""
     from kerple.model import bias_gradient_triton
     from kerple.model import triton_attention_kernels as kernels
 
     monkeypatch.setattr(bias_gradient_triton, "PARTIALS_BYTES", 1)
     monkeypatch.setattr(kernels, "KEY_PROGRAMS", 12)
-    launches = []
+    grids = []
     original = kernels._backward_keys
 
     class Counting:
         def __getitem__(self, grid):  # type: ignore[no-untyped-def]
-            launches.append(grid)
+            grids.append(grid)
             return original[grid]
 
     monkeypatch.setattr(kernels, "_backward_keys", Counting())
-    errors = _errors(64, torch.float32, tables, window, length=100)
-    assert launches == [(3, BATCH * HEADS)] * 3
-    assert max(errors.values()) < TOLERANCE[torch.float32], errors
+    errors = _errors(head_dim, dtype, tables, window, length=100, block=BLOCK if dtype == torch.float32 else 0)
+    assert grids == [(3, BATCH * HEADS)] * launches
+    assert max(errors.values()) < TOLERANCE[dtype], errors
 
 
 @pytest.mark.parametrize(("length", "batch_heads", "block", "window", "expected"), [
