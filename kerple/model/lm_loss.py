@@ -19,8 +19,8 @@ gradient of the logits is rounded to the compute dtype before its matmuls (as th
 With ``compiled=True`` (the trainer passes ``training.compile``) the per-chunk work after the
 logits' matmul is one ``torch.compile``\ d function, :func:`chunk_terms`: Inductor turns the row's
 log-sum-exp and the gradient into two passes over the compute-dtype logits, where the eager
-operators make about eight over an fp32 copy (on an H200 the eager ones took 22% of a compiled 162M
-step's GPU time, docs/gpu-report.md). The same function runs eagerly otherwise: one definition of the math.
+operators make about six over an fp32 copy (on an H200 the eager ones, then eight, took 22% of a
+compiled 162M step's GPU time, docs/gpu-report.md). The same function runs eagerly otherwise: one definition of the math.
 
 Memory: a chunk holds at most ``chunk_tokens x vocab`` x 6 bytes at once in bf16 (its logits in
 fp32, which become the gradient, beside either the bf16 logits or the bf16 gradient), against
@@ -68,17 +68,25 @@ def chunk_terms(logits: torch.Tensor, target: torch.Tensor, share: torch.Tensor)
     ``logsumexp - logit[target]`` and ``(softmax - onehot(target)) · share`` (the cross-entropy
     derivative; ``share [c, 1]``: each token's share of the mean, 0 for an ignored one), in fp32.
 
-    The target's entry is written last from its probability ``exp(-loss)``, so ``p - 1`` is formed
-    in fp32 before rounding (p·share - share in the low dtype would cancel). Eagerly the fp32 copy of
-    the logits becomes the gradient in place (fp32 logits are overwritten: pass the chunk's own)."""
+    The log-sum-exp is taken by hand (row maximum, ``exp`` in place, row sum) rather than by
+    ``torch.logsumexp``, whose eager kernel allocates a second ``[c, V]`` fp32 buffer for
+    ``logits - max``; the same ``exp`` then serves the softmax. The target's entry is written last
+    from its probability ``exp(-loss)``, so ``p - 1`` is formed in fp32 (p·share - share in the low
+    dtype would cancel), and only then is the gradient rounded to ``logits``' dtype (a CPU's
+    16-bit ``scatter_`` would copy the chunk to fp32 first). So a chunk holds its fp32 copy and,
+    at the end, the rounded gradient: 6 bytes per logit in bf16. Eagerly the fp32 copy becomes the
+    gradient in place (fp32 logits are overwritten: pass the chunk's own)."""
     dtype = logits.dtype
     wide = logits.float()
     del logits  # eagerly, a 16-bit chunk's logits are freed here
-    log_total = torch.logsumexp(wide, dim=1, keepdim=True)  # [c, 1]
-    loss = log_total - wide.gather(1, target)
-    grad = wide.sub_(log_total).exp_().mul_(share).to(dtype)
-    grad.scatter_(1, target, torch.exp(-loss).sub_(1.0).mul_(share).to(dtype))
-    return loss, grad
+    picked = wide.gather(1, target)  # [c, 1]
+    row_max = wide.amax(dim=1, keepdim=True)  # [c, 1]
+    exps = wide.sub_(row_max).exp_()  # [c, V], in place
+    total = exps.sum(dim=1, keepdim=True)  # [c, 1]
+    loss = row_max + total.log() - picked
+    grad = exps.mul_(share / total)
+    grad.scatter_(1, target, torch.exp(-loss).sub_(1.0).mul_(share))
+    return loss, grad.to(dtype)
 
 
 @functools.cache
@@ -167,6 +175,7 @@ def _forward(
                 torch.mm(grad_logits, low_weight, out=piece_grad_hidden)  # [c, h]
             if grad_weight_t is not None:
                 grad_weight_t += torch.mm(piece_t, grad_logits)  # [h, V]
+            del grad_logits  # else it is alive while the next chunk's are made
     loss = (losses * share).sum()
     if grad_hidden is not None and grad_hidden.dtype != hidden.dtype:
         grad_hidden = grad_hidden.to(hidden.dtype)

@@ -144,3 +144,50 @@ def test_the_target_entry_is_formed_before_rounding() -> None:
     _, grad = chunk_terms(logits.clone(), torch.tensor([[0]]), share)
     exact = (torch.softmax(logits.double(), 1)[0, 0] - 1) * 0.37
     assert abs(grad[0, 0].double() - exact) <= abs(exact) * 0.05  # fp32's lse - logit leaves ~2% here
+
+
+def peak_allocated(function) -> int:
+    """The most bytes that allocations made inside ``function()`` held at once (CPU allocator events
+    in time order, from the profiler's record of each allocation and free)."""
+    from torch._C._profiler import _EventType
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        function()
+    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack += event.children
+        if event.typed[0] == _EventType.Allocation:
+            events.append(event)
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_time_ns):
+        live += event.typed[1].alloc_size  # negative for a free
+        peak = max(peak, live)
+    return peak
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_chunk_holds_its_fp32_logits_and_the_rounded_gradient_at_most(dtype: torch.dtype) -> None:
+    """One chunk's terms, 256 x 4,096 logits: at most 4 bytes per logit for the fp32 copy and, in
+    bf16, 2 for the rounded gradient (the module docstring's 6 bytes). ``torch.logsumexp`` would add
+    a second fp32 buffer, and a bf16 ``scatter_`` on a CPU an fp32 copy of the chunk."""
+    from kerple.model.lm_loss import chunk_terms
+
+    chunk, vocab = 256, 4096
+    logits = torch.randn(chunk, vocab).to(dtype)
+    target = torch.randint(0, vocab, (chunk, 1), generator=torch.Generator().manual_seed(0))
+    share = torch.full((chunk, 1), 1 / chunk)
+    peak = peak_allocated(lambda: chunk_terms(logits.clone() if dtype == torch.float32 else logits, target, share))
+    per_logit = 6 if dtype == torch.bfloat16 else 4
+    assert peak <= per_logit * chunk * vocab + 2**16, peak / (chunk * vocab)
+
+
+def test_the_fused_loss_holds_one_chunk_of_logits_at_a_time() -> None:
+    """bf16, 1,024 tokens in chunks of 256 over 4,096 words, h 16: the loss's own allocations peak at
+    one chunk's 6 bytes per logit, plus the weight's fp32 gradient and a chunk's ``[h, V]`` product
+    (and on a CPU the fp32 copy of that product that ``+=`` makes) and the hidden states' gradient.
+    A chunk's gradient still alive while the next chunk's logits are made would add 2 bytes per logit."""
+    tokens, chunk, vocab, hidden = 1024, 256, 4096, 16
+    states, weight, labels = inputs(torch.bfloat16, tokens=tokens, hidden=hidden, vocab=vocab)
+    peak = peak_allocated(lambda: linear_cross_entropy(states, weight, labels, chunk_tokens=chunk))
+    assert peak <= 6 * chunk * vocab + (4 + 2 + 4) * hidden * vocab + 4 * tokens * hidden + 2**16, peak
