@@ -78,6 +78,7 @@ def test_bf16_keeps_fp32_masters_and_rounds_them_into_the_model() -> None:
         for p, g in zip(trained.parameters(), grads):
             p.grad = g.to(torch.bfloat16)
         optimizer.step()
+        assert all(m.grad is None for m in masters)  # the fp32 gradients are not kept into the next forward
     reference, _ = reference_steps(start, steps, 0.05)
     for p, m, q in zip(trained.parameters(), masters, reference.parameters()):
         torch.testing.assert_close(m, q, rtol=1e-6, atol=1e-7)
@@ -133,7 +134,7 @@ def test_a_step_waits_for_nothing() -> None:
         optimizer.step()
     counts = count_host_work(prof.events(), steps=1)
     assert counts.syncs == 0
-    assert counts.ops < 20  # a handful of foreach/fused kernels, not a dozen per parameter
+    assert counts.ops - counts.view_ops < 20  # a handful of foreach/fused kernels, not a dozen per parameter
 
 
 def test_a_model_moved_after_the_masters_were_made_is_refused() -> None:
