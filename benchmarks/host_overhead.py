@@ -39,7 +39,6 @@ import argparse
 import contextlib
 import io
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -79,49 +78,30 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
 with heavy_imports("host_overhead.py", parse_args if __name__ == "__main__" else None):
     import torch
 
-    from kerple.measure.device import release
     from kerple.measure.host_work import HostCounts, count_host_work, host_milliseconds, profiled_steps
-    from kerple.measure.training import build_trainer, check_embeddings, write_random_corpus
+    from kerple.measure.training import check_embeddings, each_trainer
 
 
 def measure(config_files: Sequence[str], overrides: dict[str, Any], names: Sequence[str], micro_batches: Sequence[int],
             *, steps: int, warmup: int, timed: int = 0) -> list[tuple[str, int, HostCounts | str]]:
     """``(pos_emb, micro-batch, counts or the error)`` for every pair, one trainer at a time."""
-    from kerple.config import load_config
-    from kerple.parallel.groups import init_distributed, teardown
-
-    parallel = init_distributed(1, 1)
     results: list[tuple[str, int, HostCounts | str]] = []
-    try:
-        base = load_config(list(config_files), dict(overrides))
-        total = steps + warmup + timed
-        with tempfile.TemporaryDirectory() as tmp:
-            need = total * max(micro_batches) * (int(base.model.seq_length) + 1) * 2
-            write_random_corpus(Path(tmp) / "corpus", int(base.model.vocab_size), need)
-            for micro in micro_batches:
-                for name in names:
-                    settings = {**overrides, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1}
-                    trainer = None
-                    try:
-                        trainer = build_trainer(config_files, settings, name, f"{tmp}/corpus", total, parallel)
-                        with contextlib.redirect_stdout(io.StringIO()):
-                            for _ in range(warmup):
-                                trainer.train_step()
-                            host_ms = host_milliseconds(trainer, timed) if timed else None
-                        profiler, waits = profiled_steps(trainer, steps, parallel.device)
-                        counts = count_host_work(profiler.events(), steps, cuda=parallel.device.type == "cuda")
-                        counts.device_waits, counts.host_ms = waits, host_ms
-                        results.append((name, micro, counts))
-                    except Exception as error:  # one failing case must not hide the others
-                        results.append((name, micro, f"{type(error).__name__}: {str(error)[:150]}"))
-                    finally:
-                        if trainer is not None:
-                            trainer.close()
-                        del trainer
-                        release(parallel.device)
-                    print(f"  measured {name} at micro-batch {micro}", file=sys.stderr, flush=True)
-    finally:
-        teardown(parallel)
+    for name, micro, trainer in each_trainer(config_files, overrides, names, micro_batches, steps + warmup + timed):
+        if isinstance(trainer, str):  # it could not be built
+            results.append((name, micro, trainer))
+            continue
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                for _ in range(warmup):
+                    trainer.train_step()
+                host_ms = host_milliseconds(trainer, timed) if timed else None
+            profiler, waits = profiled_steps(trainer, steps, trainer.parallel.device)
+            counts = count_host_work(profiler.events(), steps, cuda=trainer.parallel.device.type == "cuda")
+            counts.device_waits, counts.host_ms = waits, host_ms
+            results.append((name, micro, counts))
+        except Exception as error:  # one failing case must not hide the others
+            results.append((name, micro, f"{type(error).__name__}: {str(error)[:150]}"))
+        print(f"  measured {name} at micro-batch {micro}", file=sys.stderr, flush=True)
     return results
 
 

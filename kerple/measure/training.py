@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,41 @@ def build_trainer(config_files: Sequence[str], overrides: dict[str, Any], name: 
     ).resolve_batch(1)
     with contextlib.redirect_stdout(io.StringIO()):
         return Trainer(cfg, parallel)
+
+
+def each_trainer(config_files: Sequence[str], overrides: dict[str, Any], names: Sequence[str],
+                 micro_batches: Sequence[int], steps: int) -> Iterator[tuple[str, int, Any]]:
+    """``(embedding, micro-batch, Trainer)`` for every pair, one at a time on one synthetic corpus
+    of ``steps`` steps at the largest micro-batch, in a one-process group; each trainer is closed and
+    its memory released before the next. A trainer that cannot be built comes as the error's text
+    instead, so one failing case does not hide the others."""
+    from kerple.config import load_config
+    from kerple.measure.device import release
+    from kerple.parallel.groups import init_distributed, teardown
+
+    parallel = init_distributed(1, 1)
+    try:
+        base = load_config(list(config_files), dict(overrides))
+        with tempfile.TemporaryDirectory() as tmp:
+            need = steps * max(micro_batches) * (int(base.model.seq_length) + 1) * 2
+            write_random_corpus(Path(tmp) / "corpus", int(base.model.vocab_size), need)
+            for micro in micro_batches:
+                for name in names:
+                    settings = {**overrides, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1}
+                    trainer = None
+                    try:
+                        trainer = build_trainer(config_files, settings, name, f"{tmp}/corpus", steps, parallel)
+                    except Exception as error:
+                        yield name, micro, f"{type(error).__name__}: {str(error)[:150]}"
+                        continue
+                    try:
+                        yield name, micro, trainer
+                    finally:
+                        trainer.close()
+                        del trainer
+                        release(parallel.device)
+    finally:
+        teardown(parallel)
 
 
 def timed_step(trainer: Any, device: torch.device) -> float:

@@ -47,6 +47,8 @@ CASES = [
     ("benchmarks/long_context.py", ["--warmup=-1"], "--warmup -1: expected at least 0"),
     ("benchmarks/eval_memory.py", ["--max-seconds", "nan"], "--max-seconds nan: expected a finite number"),
     ("benchmarks/host_overhead.py", ["--micro-batch", "1", "0"], "--micro-batch 0: expected at least 1"),
+    ("benchmarks/peak_memory.py", ["--micro-batch", "2", "0"], "--micro-batch 0: expected at least 1"),
+    ("benchmarks/peak_memory.py", ["--top=-1"], "--top -1: expected at least 0"),
     ("benchmarks/lm_loss_memory.py", ["--tokens", "0"], "--tokens, --vocab, --hidden and --repeats must be >= 1"),
     ("benchmarks/preprocess.py", ["--limit", "-5"], "--limit -5: expected at least 0"),
     ("benchmarks/regular_parity.py", ["--threshold", "1.5"], "--threshold 1.5: expected more than 0 and at most 1"),
@@ -77,6 +79,7 @@ UNKNOWN_EMBEDDING = [
     ("tools/benchmark_speed.py", [TINY, "--pos-emb", "alibi,kerple-log"], "--pos-emb"),
     ("benchmarks/train_throughput.py", ["--pe", "alibi", "kerple-log", "--steps", "1", "--warmup", "0"], "--pe"),
     ("benchmarks/host_overhead.py", ["--model", TINY, "--pe", "none", "kerple-log", "--micro-batch", "1"], "--pe"),
+    ("benchmarks/peak_memory.py", ["--model", TINY, "--pe", "none", "kerple-log", "--micro-batch", "1"], "--pe"),
     ("benchmarks/long_context.py", ["--pe", "kerple-log", "--lengths", "64", "--steps", "1", "--warmup", "0"], "--pe"),
     ("benchmarks/bias_gradient.py", ["--pe", "kerple-log", "--rounds", "1", "--shape", "1,2,16,8"], "--pe"),
 ]
