@@ -79,14 +79,19 @@ def chunk_terms(logits: torch.Tensor, target: torch.Tensor, share: torch.Tensor)
     dtype = logits.dtype
     wide = logits.float()
     del logits  # eagerly, a 16-bit chunk's logits are freed here
-    picked = wide.gather(1, target)  # [c, 1]
-    row_max = wide.amax(dim=1, keepdim=True)  # [c, 1]
-    exps = wide.sub_(row_max).exp_()  # [c, V], in place
-    total = exps.sum(dim=1, keepdim=True)  # [c, 1]
-    loss = row_max + total.log() - picked
-    grad = exps.mul_(share / total)
+    loss, total = row_losses_(wide, target)  # wide: exp(logits - row max)
+    grad = wide.mul_(share / total)
     grad.scatter_(1, target, torch.exp(-loss).sub_(1.0).mul_(share))
     return loss, grad.to(dtype)
+
+
+def row_losses_(wide: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logsumexp - logit[target], sum of exp(logit - row max))``, both ``[c, 1]``, of fp32 logits
+    ``wide [c, V]``, which become ``exp(logit - row max)`` in place (:func:`chunk_terms`' docstring)."""
+    picked = wide.gather(1, target)
+    row_max = wide.amax(dim=1, keepdim=True)
+    total = wide.sub_(row_max).exp_().sum(dim=1, keepdim=True)
+    return row_max + total.log() - picked, total
 
 
 @functools.cache
@@ -165,9 +170,8 @@ def _forward(
         terms = _chunk_terms(compiled)
         for piece, target, piece_share, piece_losses, piece_t, piece_grad_hidden in zip(
                 *splits, pieces_t, grad_hidden_pieces):
-            if not any(wanted):
-                logits = torch.mm(piece, low_weight_t).float()  # [c, V]
-                torch.sub(torch.logsumexp(logits, dim=1, keepdim=True), logits.gather(1, target), out=piece_losses)
+            if not any(wanted):  # validation: the losses alone, the fp32 logits overwritten in place
+                piece_losses.copy_(row_losses_(torch.mm(piece, low_weight_t).float(), target)[0])
                 continue
             piece_loss, grad_logits = terms(torch.mm(piece, low_weight_t), target, piece_share)  # logits [c, V]
             piece_losses.copy_(piece_loss)

@@ -191,3 +191,16 @@ def test_the_fused_loss_holds_one_chunk_of_logits_at_a_time() -> None:
     states, weight, labels = inputs(torch.bfloat16, tokens=tokens, hidden=hidden, vocab=vocab)
     peak = peak_allocated(lambda: linear_cross_entropy(states, weight, labels, chunk_tokens=chunk))
     assert peak <= 6 * chunk * vocab + (4 + 2 + 4) * hidden * vocab + 4 * tokens * hidden + 2**16, peak
+
+
+def test_validation_holds_one_chunks_fp32_logits_and_its_16_bit_ones_at_most() -> None:
+    """Without autograd (a validation's forward), bf16, chunks of 256 over 4,096 words: the bf16
+    product and its fp32 copy, 6 bytes per logit, then the copy alone, overwritten in place
+    (``torch.logsumexp`` allocated another 4)."""
+    tokens, chunk, vocab = 1024, 256, 4096
+    states, weight, labels = inputs(torch.bfloat16, tokens=tokens, hidden=16, vocab=vocab)
+    with torch.no_grad():
+        peak = peak_allocated(lambda: linear_cross_entropy(states, weight, labels, chunk_tokens=chunk))
+        torch.testing.assert_close(linear_cross_entropy(states, weight, labels, chunk_tokens=chunk),
+                                   reference(states, weight, labels), rtol=1e-3, atol=1e-3)
+    assert peak <= 6 * chunk * vocab + 16 * tokens + 2**16, peak / (chunk * vocab)
