@@ -79,30 +79,22 @@ with heavy_imports("host_overhead.py", parse_args if __name__ == "__main__" else
     import torch
 
     from kerple.measure.host_work import HostCounts, count_host_work, host_milliseconds, profiled_steps
-    from kerple.measure.training import check_embeddings, each_trainer
+    from kerple.measure.training import check_embeddings, measure_trainers
 
 
 def measure(config_files: Sequence[str], overrides: dict[str, Any], names: Sequence[str], micro_batches: Sequence[int],
             *, steps: int, warmup: int, timed: int = 0) -> list[tuple[str, int, HostCounts | str]]:
     """``(pos_emb, micro-batch, counts or the error)`` for every pair, one trainer at a time."""
-    results: list[tuple[str, int, HostCounts | str]] = []
-    for name, micro, trainer in each_trainer(config_files, overrides, names, micro_batches, steps + warmup + timed):
-        if isinstance(trainer, str):  # it could not be built
-            results.append((name, micro, trainer))
-            continue
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                for _ in range(warmup):
-                    trainer.train_step()
-                host_ms = host_milliseconds(trainer, timed) if timed else None
-            profiler, waits = profiled_steps(trainer, steps, trainer.parallel.device)
-            counts = count_host_work(profiler.events(), steps, cuda=trainer.parallel.device.type == "cuda")
-            counts.device_waits, counts.host_ms = waits, host_ms
-            results.append((name, micro, counts))
-        except Exception as error:  # one failing case must not hide the others
-            results.append((name, micro, f"{type(error).__name__}: {str(error)[:150]}"))
-        print(f"  measured {name} at micro-batch {micro}", file=sys.stderr, flush=True)
-    return results
+
+    def counted(trainer: Any) -> HostCounts:
+        with contextlib.redirect_stdout(io.StringIO()):
+            host_ms = host_milliseconds(trainer, timed) if timed else None
+        profiler, waits = profiled_steps(trainer, steps, trainer.parallel.device)
+        counts = count_host_work(profiler.events(), steps, cuda=trainer.parallel.device.type == "cuda")
+        counts.device_waits, counts.host_ms = waits, host_ms
+        return counts
+
+    return measure_trainers(config_files, overrides, names, micro_batches, steps + timed, warmup, counted)
 
 
 def print_table(results: list[tuple[str, int, HostCounts | str]], top: int) -> None:

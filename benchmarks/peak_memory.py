@@ -62,7 +62,7 @@ with heavy_imports("peak_memory.py", parse_args if __name__ == "__main__" else N
     import torch
 
     from kerple.measure.peak_memory import Peak, cpu_events, cuda_events, live_at_peak, resident_bytes
-    from kerple.measure.training import check_embeddings, each_trainer
+    from kerple.measure.training import check_embeddings, measure_trainers
 
 
 def recorded_step(trainer: Any) -> tuple[int, Peak, int | None]:
@@ -87,25 +87,6 @@ def recorded_step(trainer: Any) -> tuple[int, Peak, int | None]:
                                 with_stack=True) as profiler, contextlib.redirect_stdout(io.StringIO()):
         trainer.train_step()
     return resident, live_at_peak(cpu_events(profiler)), None
-
-
-def measure(config_files: Sequence[str], overrides: dict[str, Any], names: Sequence[str],
-            micro_batches: Sequence[int], warmup: int) -> list[tuple[str, int, tuple[int, Peak, int | None] | str]]:
-    """``(pos_emb, micro-batch, recorded_step's result or the error)`` for every pair."""
-    results: list[tuple[str, int, tuple[int, Peak, int | None] | str]] = []
-    for name, micro, trainer in each_trainer(config_files, overrides, names, micro_batches, warmup + 1):
-        if isinstance(trainer, str):  # it could not be built
-            results.append((name, micro, trainer))
-            continue
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                for _ in range(warmup):
-                    trainer.train_step()
-            results.append((name, micro, recorded_step(trainer)))
-        except Exception as error:  # one failing case must not hide the others
-            results.append((name, micro, f"{type(error).__name__}: {str(error)[:150]}"))
-        print(f"  measured {name} at micro-batch {micro}", file=sys.stderr, flush=True)
-    return results
 
 
 def print_results(results: list[tuple[str, int, tuple[int, Peak, int | None] | str]], top: int) -> None:
@@ -136,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
     check_embeddings("--pe", args.pe)
     files = [args.model, *args.extra]
-    results = measure(files, parse_overrides(overrides), args.pe, args.micro_batch, args.warmup)
+    results = measure_trainers(files, parse_overrides(overrides), args.pe, args.micro_batch, 1, args.warmup,
+                               recorded_step)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     print(f"device: {device}; torch {torch.__version__}; {' + '.join(Path(f).name for f in files)}; "
           f"one recorded Trainer.train_step after {args.warmup} warm-up step(s)")

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +56,33 @@ def build_trainer(config_files: Sequence[str], overrides: dict[str, Any], name: 
         return Trainer(cfg, parallel)
 
 
-def each_trainer(config_files: Sequence[str], overrides: dict[str, Any], names: Sequence[str],
-                 micro_batches: Sequence[int], steps: int) -> Iterator[tuple[str, int, Any]]:
+def measure_trainers(config_files: Sequence[str], overrides: dict[str, Any], names: Sequence[str],
+                     micro_batches: Sequence[int], steps: int, warmup: int,
+                     measure: Callable[[Any], Any]) -> list[tuple[str, int, Any]]:
+    """``(embedding, micro-batch, measure(trainer) or the error's text)`` for every pair, each trainer
+    (:func:`_trainers`) after ``warmup`` steps with its printing silenced; one failing case does not
+    hide the others. ``steps``: the steps ``measure`` takes."""
+    results: list[tuple[str, int, Any]] = []
+    for name, micro, trainer in _trainers(config_files, overrides, names, micro_batches, steps + warmup):
+        result = trainer  # the error's text when it could not be built
+        if not isinstance(trainer, str):
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    for _ in range(warmup):
+                        trainer.train_step()
+                result = measure(trainer)
+            except Exception as error:
+                result = f"{type(error).__name__}: {str(error)[:150]}"
+        results.append((name, micro, result))
+        print(f"  measured {name} at micro-batch {micro}", file=sys.stderr, flush=True)
+    return results
+
+
+def _trainers(config_files: Sequence[str], overrides: dict[str, Any], names: Sequence[str],
+              micro_batches: Sequence[int], steps: int) -> Iterator[tuple[str, int, Any]]:
     """``(embedding, micro-batch, Trainer)`` for every pair, one at a time on one synthetic corpus
     of ``steps`` steps at the largest micro-batch, in a one-process group; each trainer is closed and
-    its memory released before the next. A trainer that cannot be built comes as the error's text
-    instead, so one failing case does not hide the others."""
+    its memory released before the next. A trainer that cannot be built comes as the error's text instead."""
     from kerple.config import load_config
     from kerple.measure.device import release
     from kerple.parallel.groups import init_distributed, teardown
