@@ -182,7 +182,9 @@ def options_problem(name: str, options: dict[str, Any], shape: ModelShape) -> tu
     return cls.options_problem(family_options(cls, options), shape)
 
 
-def length_problem(name: str, options: dict[str, Any], shape: ModelShape, length: int, dtype: torch.dtype) -> str | None:
+def length_problem(
+    name: str, options: dict[str, Any], shape: ModelShape, length: int, dtype: torch.dtype
+) -> str | None:
     """Why a model with ``pos_emb`` ``name`` cannot compute ``length`` positions in ``dtype``, or ``None``
     (the family's :meth:`~PositionalEmbedding.length_problem`, given its options as :func:`build` would)."""
     cls = family(name)

@@ -9,6 +9,9 @@ carries ``ζ_c^((n - m)/B)``, a decay with the distance that is fastest for the 
 
     ζ_c = (2c/r + γ) / (1 + γ),   c = 0 .. r/2 - 1,   r = rotary dims,   γ = 0.4,   B = 512.
 
+The paper decays every pair of the head (``r = head_dim``); with ``rotary_pct < 1`` only the rotated
+pairs are decayed, ``ζ_c`` spaced over their width ``r``, and the other channels pass unscaled.
+
 Only the start of the paper's text could be read where this was written, so the details follow the
 authors' implementation in torchscale (``XPOS``): γ = 0.4 (its ``0.4 * head_dim``), the scale base
 ``B = 512``, the pairing of ``ζ_c`` with the ``c``-th frequency, and positions of the scale centred
@@ -56,10 +59,13 @@ class XposOptions(RotaryOptions):
     """Options of ``xpos``: rotary's (``rotary_pct``, ``rotary_emb_base``) and the decay's."""
 
     xpos_scale_base: float = option(
-        512.0, "Scale base B of xPos: queries are scaled by zeta^(n/B), keys by zeta^(-m/B).", minimum=1.0
+        512.0, "Scale base B of xPos: queries are scaled by zeta^(n/B), keys by zeta^(-m/B); 512 as torchscale's XPOS.",
+        minimum=1.0,
     )
     xpos_gamma: float = option(
-        0.4, "gamma of xPos's per-dimension decay zeta_c = (2c/r + gamma)/(1 + gamma).", check=_positive
+        0.4,
+        "gamma of xPos's per-dimension decay zeta_c = (2c/r + gamma)/(1 + gamma); 0.4 as the xPos paper and torchscale.",
+        check=_positive,
     )
 
 
@@ -114,7 +120,8 @@ class XposEmbedding(RotaryEmbedding):
             return None
         longest = centre + reach + 1
         name = str(dtype).removeprefix("torch.")
-        fix = "run in bf16 (fp16: {type: bfloat16}) or fp32, which keep float32's range, or " if dtype == torch.float16 else ""
+        fix = ("run in bf16 (fp16: {type: bfloat16}) or fp32, which keep float32's range, or "
+               if dtype == torch.float16 else "")
         return (f"xpos scales a key at position t by {1 / (options.xpos_gamma / (1 + options.xpos_gamma)):.3g}^((t - "
                 f"{centre})/{options.xpos_scale_base:g}) (centre max_position_embeddings // 2), which leaves {name}'s "
                 f"range (with room for keys up to {HEADROOM:g}) past position {longest - 1}; {length} tokens reach "

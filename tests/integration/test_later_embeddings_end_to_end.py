@@ -37,7 +37,8 @@ def loss_at(model: torch.nn.Module, impl: str, tokens: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize(("name", "train_impl"), [
-    pytest.param(name, impl, marks=[pytest.mark.slow] if (name, impl) == ("fire", "eager") else [])  # FIRE compiled: 12 s
+    # FIRE compiled through flex: 12 s
+    pytest.param(name, impl, marks=[pytest.mark.slow] if (name, impl) == ("fire", "eager") else [])
     for name in LATER for impl in ("eager", "sdpa")
 ])
 def test_trains_and_evaluates_at_four_times_the_train_length(

@@ -120,3 +120,17 @@ def test_config_refuses_lengths_past_the_reach_naming_the_fix(tmp_path: Path) ->
         load_config([tiny, write_config(tmp_path, "pos_emb: xpos\nfp16: {enabled: true}\nseq_length: 8192\n"
                                                   "max_position_embeddings: 8192\n")])
     load_config([tiny, write_config(tmp_path, "pos_emb: rotary\nfp16: {enabled: true}\n")]).check_eval_length(40000)
+
+
+def test_partial_rotary_decays_only_the_rotated_pairs_by_hand() -> None:
+    """rotary_pct 0.5 of head_dim 8: r = 4, ζ = (0.4/1.4, 0.9/1.4) on pairs (0, 2) and (1, 3); channels 4-7 pass."""
+    module = build(rotary_pct=0.5)
+    torch.testing.assert_close(module.decay, torch.tensor([0.4 / 1.4, 0.9 / 1.4]))
+    vector = torch.ones(1, 1, 1, HEAD_DIM)
+    query, key = module.rotate(vector, vector, torch.tensor([32 + 1024]), torch.tensor([32]))  # centre 64 // 2
+    torch.testing.assert_close(query[..., 4:], vector[..., 4:])  # unrotated and unscaled
+    torch.testing.assert_close(key[..., 4:], vector[..., 4:])
+    for pair, zeta in ((0, 0.4 / 1.4), (1, 0.9 / 1.4)):  # |pair| = √2 before, ζ^(±1024/512) after (key at the centre)
+        length = query[0, 0, 0, [pair, pair + 2]].norm().item()
+        assert length == pytest.approx(math.sqrt(2) * zeta**2, rel=1e-5)
+        assert key[0, 0, 0, [pair, pair + 2]].norm().item() == pytest.approx(math.sqrt(2), rel=1e-5)
