@@ -151,7 +151,8 @@ class Config:
     def check_eval_length(self, length: int) -> None:
         """Raise :class:`ConfigError` if the model cannot be evaluated on ``length`` tokens.
 
-        A learned absolute embedding has no rows beyond ``max_position_embeddings``.
+        A learned absolute embedding has no rows beyond ``max_position_embeddings``; an embedding may refuse
+        positions its factors cannot reach in the run's precision (xPos: :func:`validate.length_problem`).
         """
         if length < 1:
             raise ConfigError(f"evaluation length must be positive, got {length}", key="seq_length_val")
@@ -165,6 +166,9 @@ class Config:
                 "model.max_position_embeddings",
                 "positional.pos_emb",
             )
+        too_long = validate.length_problem(self, length)
+        if too_long is not None:
+            raise too_long
 
     def to_dict(self) -> dict[str, Any]:
         """Every settable key with its resolved value, keyed as ``docs/config.md`` lists them.

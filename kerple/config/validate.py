@@ -40,6 +40,25 @@ def model_shape(cfg: Config) -> ModelShape:
     )
 
 
+def compute_dtype(cfg: Config) -> Any:
+    """The ``torch`` dtype the model computes in under ``cfg``'s precision (``float32`` unless bf16 or fp16)."""
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision.precision, torch.float32)
+
+
+def length_problem(cfg: Config, length: int) -> ConfigError | None:
+    """The error for a positional embedding that cannot compute ``length`` positions in ``cfg``'s precision
+    (:meth:`~kerple.positional.PositionalEmbedding.length_problem`), naming ``pos_emb`` and, in fp16, ``fp16``."""
+    problem = positional_registry.length_problem(
+        cfg.positional.pos_emb, cfg.positional.options(), model_shape(cfg), length, compute_dtype(cfg)
+    )
+    if problem is None:
+        return None
+    fp16 = ("precision.fp16_enabled",) if cfg.precision.precision == "fp16" else ()
+    return fail(cfg, problem, "positional.pos_emb", *fp16)
+
+
 def device_type() -> str:
     """``"cuda"`` when a CUDA device is visible, else ``"cpu"``."""
     import torch
@@ -57,6 +76,7 @@ def finalize(cfg: Config) -> None:
     _optimizer(cfg)
     _lr_schedule(cfg)
     _precision(cfg)
+    _train_length(cfg)
     _data(cfg)
     _training(cfg)
     _logging(cfg)
@@ -370,6 +390,13 @@ def _precision(cfg: Config) -> None:
     else:
         precision.fp16_enabled = True
         precision.fp16_type = None
+
+
+def _train_length(cfg: Config) -> None:
+    """The positional embedding can compute ``seq_length`` positions in the resolved precision."""
+    too_long = length_problem(cfg, cfg.model.seq_length)
+    if too_long is not None:
+        raise too_long
 
 
 def _data(cfg: Config) -> None:

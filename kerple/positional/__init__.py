@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import torch
+
 from kerple.positional.absolute import LearnedPositionalEmbedding, NoPositionalEmbedding, SinusoidalPositionalEmbedding
 from kerple.positional.alibi import AlibiBias
 from kerple.positional.base import ModelShape, PositionalEmbedding, PositionKind
@@ -180,6 +182,15 @@ def options_problem(name: str, options: dict[str, Any], shape: ModelShape) -> tu
     return cls.options_problem(family_options(cls, options), shape)
 
 
+def length_problem(
+    name: str, options: dict[str, Any], shape: ModelShape, length: int, dtype: torch.dtype
+) -> str | None:
+    """Why a model with ``pos_emb`` ``name`` cannot compute ``length`` positions in ``dtype``, or ``None``
+    (the family's :meth:`~PositionalEmbedding.length_problem`, given its options as :func:`build` would)."""
+    cls = family(name)
+    return cls.length_problem(None if cls.options_class is None else family_options(cls, options), shape, length, dtype)
+
+
 def _declared(cls: type[PositionalEmbedding]) -> set[str]:
     return {field.name for field in dataclasses.fields(cls.options_class)} if cls.options_class else set()
 
@@ -233,6 +244,7 @@ __all__ = [
     "canonical",
     "family",
     "family_options",
+    "length_problem",
     "names",
     "option_names",
     "option_specs",

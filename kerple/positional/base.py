@@ -235,6 +235,14 @@ class PositionalEmbedding(nn.Module):
         takes); ``None`` when all fit. The default accepts everything."""
         return None
 
+    @classmethod
+    def length_problem(cls, options: Any, shape: ModelShape, length: int, dtype: torch.dtype) -> str | None:
+        """What keeps positions ``0 .. length - 1`` from being computed in ``dtype`` (the run's compute
+        precision), checked before a training run or an evaluation starts (``options`` as for
+        :meth:`options_problem`, ``None`` without an ``options_class``); ``None`` when nothing does.
+        The default accepts every length."""
+        return None
+
     # --- input hook -------------------------------------------------------------------------
     def embed(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Return token embeddings ``hidden [b, s, h]`` with position information added.

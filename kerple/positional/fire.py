@@ -55,11 +55,16 @@ EPSILON = 1e-6  # added to ψ(max(i, L)), as the public implementation
 class FireOptions:
     """Options of ``fire``."""
 
-    fire_mlp_width: int = option(32, "Hidden width W of FIRE's MLP 1 -> W -> heads (FIRE paper).", minimum=1)
-    fire_init_c: float = option(0.1, "Initial c of FIRE's log transform psi(x) = log(|c x| + 1).", minimum=1e-6)
+    fire_mlp_width: int = option(
+        32, "Hidden width W of FIRE's MLP 1 -> W -> heads; 32 as the FIRE paper and its public code.", minimum=1
+    )
+    fire_init_c: float = option(
+        0.1, "Initial c of FIRE's log transform psi(x) = log(|c x| + 1); 0.1 as FIRE's public code.", minimum=1e-6
+    )
     fire_init_threshold: float = option(
         512.0,
-        "FIRE's fixed init_L: the threshold L is |L_multiplier * init_L| (L_multiplier learned, from 1).",
+        "FIRE's fixed init_L: the threshold L is |L_multiplier * init_L| (L_multiplier learned, from 1); "
+        "512 as FIRE's public code.",
         minimum=1.0,
     )
 

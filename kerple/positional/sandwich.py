@@ -15,6 +15,11 @@ evidence: a least-squares log fit of the h = 8 curve over the 8192 positions of 
 thesis reports ``-0.825 log(1+d) - 0.8`` (§4.6.2). The ``- d̄/2`` shift of Eq. (4.6) is a per-head
 constant (the §4.9.5 code omits it) and does not change the softmax; we keep it so ``bias(0) = 0``.
 
+d̄ is a hyperparameter decoupled from the model's width (§4.6.1); the thesis sets d̄ = 128 in all its
+experiments, whose 162M model has head_dim 64 (its footnote 5, on how d̄ relates to d, is garbled in
+the copy read here). ``sandwich_dim`` defaults to 128 for every model size: a model of another head
+size gets the thesis' 128, not a d̄ scaled with its width.
+
 Smoothed Sandwich (§4.6.2, footnote 7): per head, the least-squares fit ``-α·log(1+d) + β`` of the
 Sandwich bias over its 50 most recent distances ``d = 0..49``; the fitted curve replaces Sandwich.
 
@@ -55,7 +60,10 @@ def compression_ratios(num_heads: int, head_offset: int = 0, total_heads: int | 
 class SandwichOptions:
     """Options of ``sandwich`` and ``sandwich_smoothed``."""
 
-    sandwich_dim: int = option(128, "Sandwich dimension d-bar (thesis 4.6); even.", minimum=2, check=must_be_even)
+    sandwich_dim: int = option(
+        128, "Sandwich dimension d-bar, even; 128 as every experiment of the thesis (4.6.1), whatever the head size.",
+        minimum=2, check=must_be_even,
+    )
 
 
 class Sandwich(PositionalEmbedding):

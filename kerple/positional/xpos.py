@@ -9,6 +9,9 @@ carries ``ζ_c^((n - m)/B)``, a decay with the distance that is fastest for the 
 
     ζ_c = (2c/r + γ) / (1 + γ),   c = 0 .. r/2 - 1,   r = rotary dims,   γ = 0.4,   B = 512.
 
+The paper decays every pair of the head (``r = head_dim``); with ``rotary_pct < 1`` only the rotated
+pairs are decayed, ``ζ_c`` spaced over their width ``r``, and the other channels pass unscaled.
+
 Only the start of the paper's text could be read where this was written, so the details follow the
 authors' implementation in torchscale (``XPOS``): γ = 0.4 (its ``0.4 * head_dim``), the scale base
 ``B = 512``, the pairing of ``ζ_c`` with the ``c``-th frequency, and positions of the scale centred
@@ -18,8 +21,14 @@ cache keeps keys scaled at earlier calls, and a centre that moved with the lengt
 ``ζ^((n - m)/B)`` between them. The rotation itself uses the absolute positions, as torchscale's.
 
 Range: the largest factor is ``(1/ζ_0)^(|t - centre|/B)`` = ``3.5^(|t - centre|/512)`` at γ = 0.4;
-it stays within float32/bfloat16 (3.4e38) up to ``|t - centre|`` ≈ 36,000 positions, and within
-float16 (65,504) only up to about 4,500: half-precision runs should use bf16.
+it reaches float16's largest value (65,504) about 4,500 positions from the centre, and
+float32/bfloat16's (3.4e38) about 36,000 from it. Past that the rotated keys, cast to the compute
+dtype, are inf and every score that reads them NaN (float16, N(0, 1) keys, max_positions 512: finite
+at 4,096 tokens, inf from 4,700). :meth:`XposEmbedding.length_problem` refuses, before a run or an
+evaluation starts, a length whose factor would exceed the dtype's largest value divided by
+:data:`HEADROOM` (room for keys up to 256 in magnitude): in float16 about 2,260 positions either side
+of the centre (so ``max_positions // 2 + 2,266`` tokens), in float32/bfloat16 about 34,000.
+Half-precision runs that evaluate long should use bf16.
 
 ``rope_scaling`` (rotary's option) rescales the rotation's frequencies as for ``rotary``; the decay
 keeps its positions (every ``rope_type`` but ``proportional``, which would rotate channels ζ does not cover).
@@ -27,6 +36,7 @@ keeps its positions (every ``rope_type`` but ``proportional``, which would rotat
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +45,9 @@ import torch
 from kerple.positional.options import option
 from kerple.positional.base import ModelShape
 from kerple.positional.rotary import RotaryEmbedding, RotaryOptions, refuse_rope_scaling
+
+
+HEADROOM = 2.0**8  # the dtype's largest value over the largest factor: room for the keys' own magnitude
 
 
 def _positive(value: float) -> str | None:
@@ -46,10 +59,13 @@ class XposOptions(RotaryOptions):
     """Options of ``xpos``: rotary's (``rotary_pct``, ``rotary_emb_base``) and the decay's."""
 
     xpos_scale_base: float = option(
-        512.0, "Scale base B of xPos: queries are scaled by zeta^(n/B), keys by zeta^(-m/B).", minimum=1.0
+        512.0, "Scale base B of xPos: queries are scaled by zeta^(n/B), keys by zeta^(-m/B); 512 as torchscale's XPOS.",
+        minimum=1.0,
     )
     xpos_gamma: float = option(
-        0.4, "gamma of xPos's per-dimension decay zeta_c = (2c/r + gamma)/(1 + gamma).", check=_positive
+        0.4,
+        "gamma of xPos's per-dimension decay zeta_c = (2c/r + gamma)/(1 + gamma); 0.4 as the xPos paper and torchscale.",
+        check=_positive,
     )
 
 
@@ -57,6 +73,13 @@ def xpos_decay(rotary_ndims: int, gamma: float) -> torch.Tensor:
     """``ζ_c = (2c/r + γ)/(1 + γ)`` for ``c = 0 .. r/2 - 1`` as float32 ``[r/2]`` (xPos)."""
     pair = torch.arange(0, rotary_ndims, 2, dtype=torch.float32)  # 2c
     return (pair / rotary_ndims + gamma) / (1.0 + gamma)
+
+
+def xpos_reach(dtype: torch.dtype, gamma: float, scale_base: float) -> int:
+    """The largest ``|t - centre|`` whose factor ``(1/ζ_0)^(|t - centre|/B)``, ``ζ_0 = γ/(1 + γ)`` the
+    smallest decay, stays within ``finfo(dtype).max / HEADROOM``."""
+    zeta_smallest = gamma / (1.0 + gamma)
+    return int(scale_base * math.log(torch.finfo(dtype).max / HEADROOM) / -math.log(zeta_smallest))
 
 
 class XposEmbedding(RotaryEmbedding):
@@ -84,6 +107,25 @@ class XposEmbedding(RotaryEmbedding):
         if isinstance(rope_scaling, dict) and rope_scaling.get("rope_type") == "proportional":
             return "rope_scaling", "xpos's decay covers the rotary_pct channels only: use another rope_type"
         return super().options_problem(options, shape)
+
+    @classmethod
+    def length_problem(cls, options: XposOptions, shape: ModelShape, length: int, dtype: torch.dtype) -> str | None:
+        """Positions whose factor ``ζ_0^(∓(t - centre)/B)`` would leave ``dtype``'s range (:func:`xpos_reach`):
+        the rotated queries and keys are cast to the compute dtype, where they would overflow to inf."""
+        if _positive(options.xpos_gamma) is not None:  # options_problem reports it
+            return None
+        centre = shape.max_positions // 2
+        reach = xpos_reach(dtype, float(options.xpos_gamma), float(options.xpos_scale_base))
+        if max(centre, length - 1 - centre) <= reach:
+            return None
+        longest = centre + reach + 1
+        name = str(dtype).removeprefix("torch.")
+        fix = ("run in bf16 (fp16: {type: bfloat16}) or fp32, which keep float32's range, or "
+               if dtype == torch.float16 else "")
+        return (f"xpos scales a key at position t by {1 / (options.xpos_gamma / (1 + options.xpos_gamma)):.3g}^((t - "
+                f"{centre})/{options.xpos_scale_base:g}) (centre max_position_embeddings // 2), which leaves {name}'s "
+                f"range (with room for keys up to {HEADROOM:g}) past position {longest - 1}; {length} tokens reach "
+                f"position {length - 1}: {fix}use at most {longest} tokens")
 
     def _scale(self, positions: torch.Tensor, sign: float) -> torch.Tensor:
         """``ζ^(sign·(t - centre)/B)`` as float32 ``[s, rotary_ndims]`` (pairs ``c``, ``c + r/2`` share ``ζ_c``)."""

@@ -59,6 +59,7 @@ def _fake_positional() -> types.ModuleType:
     module.family = family
     module.names = lambda: list(FAKE_FAMILIES)
     module.options_problem = lambda name, options, shape: None
+    module.length_problem = lambda name, options, shape, length, dtype: None
     return module
 
 
