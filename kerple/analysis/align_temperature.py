@@ -24,7 +24,10 @@ def align(statistic: Callable[[str, float], float], grid: tuple[float, ...] = GR
           progress: Callable[[float], None] | None = None) -> dict[str, Any]:
     """Algorithm 1 on a statistic ``statistic(which, τ)`` with ``which`` in ``{"train", "extrapolation"}``.
 
-    Returns ``temperature`` (the chosen τ), ``target`` (``S_tr(1)``) and ``grid`` (τ -> ``S_ex(τ)``).
+    Returns ``temperature`` (the chosen τ), ``target`` (``S_tr(1)``), ``grid`` (τ -> ``S_ex(τ)``),
+    ``gap`` (``S_ex(τ) - S_tr(1)`` at the chosen τ) and ``reached``: whether the grid's statistics
+    bracket the target. When they do not, the chosen τ is only the grid's end nearest the target,
+    not an aligned temperature.
     """
     target = statistic("train", 1.0)
     values = {}
@@ -32,12 +35,28 @@ def align(statistic: Callable[[str, float], float], grid: tuple[float, ...] = GR
         values[tau] = statistic("extrapolation", tau)
         if progress is not None:
             progress(tau)
-    return {"temperature": closest_temperature(target, values), "target": target,
+    chosen = closest_temperature(target, values)
+    return {"temperature": chosen, "target": target, "gap": values[chosen] - target,
+            "reached": min(values.values()) <= target <= max(values.values()),
             "grid": {f"{tau:g}": value for tau, value in values.items()}}
 
 
-def plot_alignment(results: dict[str, dict[str, Any]], title: str) -> Any:
-    """``S_ex(τ)`` over the grid against the target ``S_tr(1)``, one panel per mode."""
+def describe(mode: str, result: dict[str, Any], train_length: int, length: int) -> str:
+    """One line on the choice: τ, the statistic it reaches against the target, and whether the grid reached it."""
+    unit = " nats" if mode == "entropy" else ""
+    name = "mean P_max" if mode == "pmax" else "mean entropy"
+    tau, target = result["temperature"], result["target"]
+    line = (f"mode {mode}: τ = {tau:g} ({name} at L={length}, τ={tau:g}: {target + result['gap']:.4f}{unit}; "
+            f"target at L={train_length}, τ=1: {target:.4f}{unit})")
+    if not result["reached"]:
+        line += (f"; not aligned: no τ in [{min(GRID):g}, {max(GRID):g}] reaches the target, "
+                 f"τ = {tau:g} is the grid's end")
+    return line
+
+
+def plot_alignment(results: dict[str, dict[str, Any]], title: str, log_baseline: float | None = None) -> Any:
+    """``S_ex(τ)`` over the grid against the target ``S_tr(1)``, one panel per mode; ``log_baseline``
+    marks the length-only ``τ = log_{L_ex} L_tr`` (thesis §5.5)."""
     from kerple.analysis.common import pyplot
 
     plt = pyplot()
@@ -47,8 +66,12 @@ def plot_alignment(results: dict[str, dict[str, Any]], title: str) -> Any:
         axis.plot(taus, list(result["grid"].values()), marker="o", label="extrapolation length")
         axis.axhline(result["target"], color="black", linestyle="--", linewidth=1, label="train length, τ = 1")
         chosen = result["temperature"]
-        axis.axvline(chosen, color="tab:red", linestyle=":", label=f"chosen τ = {chosen:g}")
-        axis.set_xlabel("τ")
+        verdict = "" if result.get("reached", True) else " (grid's end, not aligned)"
+        axis.axvline(chosen, color="tab:red", linestyle=":", label=f"chosen τ = {chosen:g}{verdict}")
+        if log_baseline is not None:
+            axis.axvline(log_baseline, color="grey", linestyle="-.", linewidth=1,
+                         label=f"log_L_ex(L_tr) = {log_baseline:.3g}")
+        axis.set_xlabel("softmax temperature τ")
         axis.set_ylabel("mean P_max" if mode == "pmax" else "mean entropy (nats)")
         axis.invert_xaxis()
         axis.legend(fontsize=8)

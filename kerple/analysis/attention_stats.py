@@ -6,6 +6,11 @@ every attention block reads its input and the shared :class:`~kerple.model.atten
 ``block_rows`` query rows at a time, so no ``L×L`` matrix of a whole sequence is held: the model's
 own kernel (flex at long lengths) runs the forward, and the rows are rebuilt block by block with
 the same order of operations (scores · logit scale + bias, mask, divided by τ).
+
+The thesis measures a T5 encoder, whose every row sees all ``L`` keys; here the models are causal,
+so row ``i`` sees ``i + 1`` keys (fewer under a window) and the first rows are sharp by necessity.
+Every row counts once, as in Algorithm 1; :func:`uniform_statistics` gives the flattest values
+possible at a length, to read a measurement against.
 """
 
 from __future__ import annotations
@@ -69,6 +74,13 @@ def layer_statistics(attention: SelfAttention, hidden: torch.Tensor, context: At
     return pmax_sum, entropy_sum
 
 
+def uniform_statistics(length: int, window: int | None = None) -> tuple[float, float]:
+    """Mean ``P_max`` and entropy of uniform attention over each causal row's visible keys (row ``i``
+    sees ``min(i + 1, w)``): the flattest rows a model of this length can have, for reference."""
+    visible = [min(i + 1, window or length) for i in range(length)]
+    return sum(1 / n for n in visible) / length, sum(math.log(n) for n in visible) / length
+
+
 @torch.no_grad()
 def attention_statistics(model: torch.nn.Module, windows: torch.Tensor, temperature: float = 1.0,
                          batch_size: int = 4, block_rows: int = 256, progress: bool = True) -> dict[str, Any]:
@@ -96,6 +108,7 @@ def attention_statistics(model: torch.nn.Module, windows: torch.Tensor, temperat
         for handle in handles:
             handle.remove()
     means = sums / (windows.shape[0] * windows.shape[1])
+    uniform_pmax, uniform_entropy = uniform_statistics(windows.shape[1], getattr(model, "attention_window", None))
     return {
         "length": int(windows.shape[1]),
         "temperature": temperature,
@@ -103,6 +116,8 @@ def attention_statistics(model: torch.nn.Module, windows: torch.Tensor, temperat
         "entropy": means[1].tolist(),
         "mean_pmax": float(means[0].mean()),
         "mean_entropy": float(means[1].mean()),
+        "uniform_pmax": uniform_pmax,
+        "uniform_entropy": uniform_entropy,
     }
 
 
@@ -118,7 +133,7 @@ def plot_statistics(rows: list[dict[str, Any]], title: str) -> Any:
             axis.plot(lengths, [sum(row[field][layer]) / len(row[field][layer]) for row in rows], marker="o",
                       label=f"layer {layer}")
         axis.set_xscale("log", base=2)
-        axis.set_xlabel("length")
+        axis.set_xlabel("length (tokens)")
         axis.set_ylabel(label)
     axes[0].legend(fontsize=8)
     figure.suptitle(title)

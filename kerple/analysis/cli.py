@@ -91,13 +91,18 @@ def run_receptive_field(args: argparse.Namespace) -> None:
     windows = sample_windows(cfg, args.length + 1, args.num_sequences, args.seed)
     runs = {}
     for index, load in enumerate(args.load or [None]):
-        model, folder, iteration = load_model(config_of(args, load) if own_configs and load else cfg, load, args)
+        run_cfg = config_of(args, load) if own_configs and load else cfg
+        model, folder, iteration = load_model(run_cfg, load, args)
         # gradients of the input: a kernel with a backward on this device, as training would pick
         model.set_attention(model.gradient_attention_impl(device_of(args).type, args.length + 1))
         label = labels[index] if labels else folder
-        runs[label] = {"load": folder, "iteration": iteration,
-                       **receptive_field.receptive_field(model, windows, not args.no_progress)}
-        print(f"{label}: ERF {runs[label]['erf']} of {args.length} tokens", file=sys.stderr)
+        result = receptive_field.receptive_field(model, windows, not args.no_progress)
+        share = receptive_field.share_within(result["cumulative"], run_cfg.model.seq_length)
+        runs[label] = {"load": folder, "iteration": iteration, "train_length": run_cfg.model.seq_length,
+                       "share_in_train_length": share, **result}
+        print(f"{label}: ERF {result['erf']} of {args.length} input tokens (the most recent tokens holding "
+              f"{receptive_field.ERF_SHARE:.0%} of the normalized gradient); {share:.1%} of it within the last "
+              f"{min(run_cfg.model.seq_length, args.length)} (the train length)", file=sys.stderr)
     train_length = cfg.model.seq_length
     title = f"Cumulative normalized gradient, L = {args.length}"
     figure = receptive_field.plot_receptive_fields(runs, train_length, title)
@@ -116,9 +121,11 @@ def run_attention_stats(args: argparse.Namespace) -> None:
     for length, tau in zip(lengths, taus):
         windows = sample_windows(cfg, length, args.num_sequences, args.seed)
         rows.append(attention_stats.attention_statistics(model, windows, tau, progress=not args.no_progress))
-        print(f"L={length} τ={tau:.3f}: P_max {rows[-1]['mean_pmax']:.4f}  entropy {rows[-1]['mean_entropy']:.4f}",
-              file=sys.stderr)
-    figure = attention_stats.plot_statistics(rows, f"Attention sharpness ({cfg.positional.pos_emb})")
+        print(f"L={length} τ={tau:.3f}: mean P_max {rows[-1]['mean_pmax']:.4f} (uniform attention: "
+              f"{rows[-1]['uniform_pmax']:.4f}), mean entropy {rows[-1]['mean_entropy']:.4f} nats (uniform: "
+              f"{rows[-1]['uniform_entropy']:.4f})", file=sys.stderr)
+    setting = "1" if args.temperature is None else args.temperature
+    figure = attention_stats.plot_statistics(rows, f"Attention sharpness ({cfg.positional.pos_emb}, τ = {setting})")
     outputs(args, {"analysis": "attention-stats", "load": folder, "iteration": iteration,
                    "train_length": cfg.model.seq_length, "lengths": rows}, figure)
 
@@ -149,10 +156,12 @@ def run_align_temperature(args: argparse.Namespace) -> None:
     with progress_bar(total=len(align_temperature.GRID) * len(modes), desc="temperature grid", disable=args.no_progress) as bar:
         for mode in modes:
             results[mode] = align_temperature.align(statistic(mode), progress=lambda _tau: bar.update())
-            print(f"mode {mode}: τ = {results[mode]['temperature']:g}", file=sys.stderr)
-    figure = align_temperature.plot_alignment(results, f"Algorithm 1: L_tr = {train_length}, L_ex = {args.length}")
+            print(align_temperature.describe(mode, results[mode], train_length, args.length), file=sys.stderr)
+    log_baseline = temperature_at("log", args.length, train_length)
+    figure = align_temperature.plot_alignment(results, f"Algorithm 1: L_tr = {train_length}, L_ex = {args.length}",
+                                              log_baseline)
     doc = {"analysis": "align-temperature", "load": folder, "iteration": iteration, "train_length": train_length,
-           "length": args.length, "log_baseline": temperature_at("log", args.length, train_length), "modes": results}
+           "length": args.length, "log_baseline": log_baseline, "modes": results}
     if len(modes) == 1:
         doc.update(mode=modes[0], temperature=results[modes[0]]["temperature"], grid=results[modes[0]]["grid"])
     outputs(args, doc, figure)
@@ -202,7 +211,8 @@ def run_retrieval(args: argparse.Namespace) -> None:
         tempered = TemperedModel(model, setting, cfg.model.seq_length)
         runs[setting] = retrieval.accuracy(tempered, prompts, device, tokenizer.vocab_size, not args.no_progress,
                                            desc=f"{args.task} τ={setting}")
-        print(f"τ={setting}: " + "  ".join(f"L={k}: {v:.2f}" for k, v in runs[setting]["accuracy"].items()),
+        print(f"{args.task} accuracy (exact match of greedy decoding, {args.num_samples * len(depths)} prompts per "
+              f"length) at τ={setting}: " + "  ".join(f"L={k}: {v:.2f}" for k, v in runs[setting]["accuracy"].items()),
               file=sys.stderr)
     model.set_temperature(1.0)
     figure = retrieval.plot_heatmaps(runs, f"{args.task} retrieval ({cfg.positional.pos_emb})")
@@ -215,10 +225,11 @@ def run_retrieval(args: argparse.Namespace) -> None:
 def run_nope_variance(args: argparse.Namespace) -> None:
     from kerple.model import build_model
 
+    if args.samples < 2 or (args.load and args.num_sequences < 2):
+        flag = f"--samples {args.samples}" if args.samples < 2 else f"--num-sequences {args.num_sequences}"
+        raise AnalysisError(f"{flag}: a variance over samples needs at least 2 (the thesis' Fig. 2.4 averages 500)")
     cfg = config_of(args, attention_impl="eager")
     check_lengths(cfg, [args.length])
-    if not 0.0 < args.sigma:
-        raise AnalysisError(f"--sigma {args.sigma}: the weights' standard deviation must be positive")
     if cfg.positional.pos_emb != "none":  # its bias or rotation changes the variance the lemma predicts
         print(f"note: the random model has the config's {cfg.positional.pos_emb} embedding; Lemma 2.3 describes "
               "NoPE (configs/pe/none.yml)", file=sys.stderr)
@@ -230,8 +241,14 @@ def run_nope_variance(args: argparse.Namespace) -> None:
                                                    seed=args.seed, progress=not args.no_progress)
     lemma = nope_variance.lemma_variance(cfg.model.hidden_size, args.sigma, args.length)
     curves = {f"random model, σ = {args.sigma:g}": measured, "Lemma 2.3: d²σ⁴/m": lemma}
+    logit_variance = nope_variance.logit_variance(cfg.model.hidden_size, cfg.model.num_attention_heads, args.sigma)
+    if logit_variance > nope_variance.SMALL_LOGIT_VARIANCE:
+        print(f"note: at σ = {args.sigma:g} the scaled logits' variance d²σ⁴/H is {logit_variance:.3g} (Lemma 2.2), "
+              "not small: attention is not near uniform (Property 2.1) and Lemma 2.3 need not hold "
+              "(thesis Fig. 2.5)", file=sys.stderr)
     doc = {"analysis": "nope-variance", "pos_emb": cfg.positional.pos_emb, "hidden_size": cfg.model.hidden_size,
-           "sigma": args.sigma, "samples": args.samples, "random_model": measured, "lemma": lemma}
+           "num_heads": cfg.model.num_attention_heads, "sigma": args.sigma, "samples": args.samples,
+           "logit_variance": logit_variance, "random_model": measured, "lemma": lemma}
     if args.load:
         model, folder, iteration = load_model(cfg, single_load(args), args)
         windows = sample_windows(cfg, args.length, args.num_sequences, args.seed)
@@ -239,12 +256,15 @@ def run_nope_variance(args: argparse.Namespace) -> None:
         doc["trained"] = {"load": folder, "iteration": iteration, "variance": variance}
         curves[f"checkpoint (step {iteration})"] = doc["trained"]["variance"]
     shown = sorted({1, max(args.length // 4, 1), max(args.length // 2, 1), args.length})  # positions m
+    print("variance of the first attention output o_m (per coordinate, over samples) at position m:", file=sys.stderr)
     for label, curve in curves.items():
         print(f"{label}: " + "  ".join(f"m={m}: {curve[m - 1]:.4g}" for m in shown), file=sys.stderr)
     outputs(args, doc, nope_variance.plot_variance(curves, f"First-layer attention output ({cfg.positional.pos_emb})"))
 
 
 def run_position_probe(args: argparse.Namespace) -> None:
+    if args.length < 2:
+        raise AnalysisError(f"--length {args.length}: a probe of the position needs at least 2 positions")
     if args.num_sequences < 2:
         raise AnalysisError(f"--num-sequences {args.num_sequences}: the probe is fitted on half the windows and "
                             "scored on the other half; give at least 2")
@@ -259,10 +279,12 @@ def run_position_probe(args: argparse.Namespace) -> None:
     windows = sample_windows(cfg, args.length, args.num_sequences, args.seed)
     states = position_probe.hidden_states_by_layer(model, windows)
     errors = position_probe.probe_errors(states, args.probe, progress=not args.no_progress)
-    print("position MAE by layer: " + ", ".join(f"{e:.1f}" for e in errors), file=sys.stderr)
+    baseline = position_probe.constant_guess_error(args.length)
+    print(f"position MAE (tokens) by layer, 0 = embeddings: " + ", ".join(f"{e:.1f}" for e in errors)
+          + f"; the best constant guess scores {baseline:.1f}", file=sys.stderr)
     figure = position_probe.plot_probe({cfg.positional.pos_emb: errors}, args.length, f"Position probe ({args.probe})")
     outputs(args, {"analysis": "position-probe", "load": folder, "iteration": iteration, "length": args.length,
-                   "probe": args.probe, "mae": errors}, figure)
+                   "probe": args.probe, "mae": errors, "constant_guess_mae": baseline}, figure)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -345,5 +367,22 @@ def main(argv: list[str] | None = None) -> int:
             raise AnalysisError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be positive")
     if getattr(args, "sigma", None) is not None:
         check_number("--sigma", args.sigma, POSITIVE)
-    args.run(args)
+    try:
+        args.run(args)
+    except RuntimeError as error:
+        if not is_out_of_memory(error):
+            raise
+        raise AnalysisError(out_of_memory_message(args)) from None
     return 0
+
+
+def is_out_of_memory(error: RuntimeError) -> bool:
+    """A GPU's ``OutOfMemoryError``, or the CPU allocator's refusal (a plain ``RuntimeError``)."""
+    return isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in str(error)
+
+
+def out_of_memory_message(args: argparse.Namespace) -> str:
+    """One line for a measurement that did not fit in memory: the flags that size it."""
+    length = f"--length {args.length}" if getattr(args, "length", None) else f"--lengths {args.lengths}"
+    return (f"{args.command} ran out of memory on {device_of(args).type} at {length}; give a smaller length, "
+            "or run it on a device with more memory (--device)")

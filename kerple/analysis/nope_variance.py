@@ -17,6 +17,17 @@ import torch
 from kerple.progress import progress_bar
 
 
+SMALL_LOGIT_VARIANCE = 0.1
+"""Above this variance of the scaled logits, ``nope-variance`` says that Property 2.1 (near-uniform
+attention) fails: the logits then spread the softmax weights by a third or more around uniform."""
+
+
+def logit_variance(hidden_size: int, num_heads: int, sigma: float) -> float:
+    """Lemma 2.2's variance of the scaled logits ``l_mn / sqrt(d/H)``: ``d² σ⁴ / H``. Property 2.1
+    (attention almost uniform, which Lemma 2.3 assumes) needs it small (thesis §2.3.2, Fig. 2.5)."""
+    return hidden_size**2 * sigma**4 / num_heads
+
+
 def lemma_variance(hidden_size: int, sigma: float, length: int) -> list[float]:
     """Lemma 2.3's ``d² σ⁴ / m`` for ``m = 1 .. length``."""
     return [hidden_size**2 * sigma**4 / m for m in range(1, length + 1)]

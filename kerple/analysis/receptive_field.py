@@ -60,6 +60,12 @@ def empirical_receptive_field(cumulative: list[float], share: float = ERF_SHARE)
     return len(cumulative)
 
 
+def share_within(cumulative: list[float], recent: int) -> float:
+    """The share of the normalized gradient within the last ``recent`` positions, ``c`` at the
+    train length read from the end (all of it when ``recent`` covers the input)."""
+    return cumulative[min(recent, len(cumulative)) - 1]
+
+
 def receptive_field(model: torch.nn.Module, windows: torch.Tensor, progress: bool = True) -> dict[str, Any]:
     """The JSON fields of one run: ``per_position`` (mean ``s_m``, oldest first), ``cumulative``, ``erf``."""
     shares = normalized_gradients(model, windows, progress=progress)
@@ -82,7 +88,7 @@ def plot_receptive_fields(runs: dict[str, dict[str, Any]], train_length: int | N
     for label, run in runs.items():
         cumulative = run["cumulative"]
         axis.plot(range(1, len(cumulative) + 1), cumulative, label=f"{label} (ERF {run['erf']})")
-    axis.axhline(ERF_SHARE, color="grey", linestyle=":", linewidth=1)
+    axis.axhline(ERF_SHARE, color="grey", linestyle=":", linewidth=1, label=f"ERF threshold {ERF_SHARE:g}")
     if train_length:
         axis.axvline(train_length, color="black", linestyle="--", linewidth=1, label=f"train length {train_length}")
     axis.set_xscale("log")

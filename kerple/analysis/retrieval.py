@@ -149,7 +149,7 @@ def plot_heatmaps(runs: dict[str, dict[str, Any]], title: str) -> Any:
     from kerple.analysis.common import pyplot
 
     plt = pyplot()
-    figure, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.4), squeeze=False)
+    figure, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.6), squeeze=False, layout="constrained")
     for axis, (label, run) in zip(axes[0], runs.items()):
         lengths = list(run["accuracy_by_depth"])
         depths = list(run["accuracy_by_depth"][lengths[0]])
@@ -157,9 +157,9 @@ def plot_heatmaps(runs: dict[str, dict[str, Any]], title: str) -> Any:
         image = axis.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="lower")
         axis.set_xticks(range(len(lengths)), lengths)
         axis.set_yticks(range(len(depths)), depths)
-        axis.set_xlabel("length")
-        axis.set_ylabel("needle depth" if axis is axes[0][0] else "")
+        axis.set_xlabel("length (tokens)")
+        axis.set_ylabel("needle depth (0 = start, 1 = end)" if axis is axes[0][0] else "")
         axis.set_title(f"τ = {label}", fontsize=9)
-    figure.colorbar(image, ax=axes[0].tolist(), label="accuracy")
+    figure.colorbar(image, ax=axes[0].tolist(), label="accuracy (exact match)")
     figure.suptitle(title)
     return figure

@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--num-sequences", type=int, default=8, help="held-out sequences per measurement")
     parser.add_argument("--num-samples", type=int, default=4, help="passkey prompts per length and depth")
     parser.add_argument("--results", default="results/analysis")
+    parser.add_argument("--demo-results", help="where make demo wrote its perplexities (its --results; "
+                                               "default: make demo's default, results/demo)")
     parser.add_argument("--table41", action="store_true", help="also train and analyse Table 4.1's variants")
     options, demo_argv = parser.parse_known_args(argv)
     check_flags(options, {"--factor": AT_LEAST_1, "--num-sequences": AT_LEAST_1, "--num-samples": AT_LEAST_1})
@@ -100,6 +102,17 @@ def perplexities(results_dir: Path, name: str) -> dict[str, float]:
     return {str(row["length"]): row["ppl"] for row in json.loads(path.read_text())["results"]}
 
 
+def perplexity_cell(ppl: dict[str, float], length: int) -> str:
+    """A perplexity for the tables, or ``n/a`` when that run or length was not evaluated."""
+    value = ppl.get(str(length))
+    return "n/a" if value is None else f"{value:.1f}"
+
+
+def tau_cell(row: dict[str, Any], mode: str) -> str:
+    """Algorithm 1's τ, marked † when the grid did not reach the train-length statistic."""
+    return f"{row[f'tau_{mode}']:g}" + ("" if row[f"{mode}_reached"] else " †")
+
+
 def summary_table(summary: dict[str, Any], train_length: int, length: int) -> str:
     """The Markdown tables of the README section."""
     lines = [f"Empirical receptive field at L = {length} (train length {train_length}) beside the demo's perplexity:",
@@ -108,17 +121,22 @@ def summary_table(summary: dict[str, Any], train_length: int, length: int) -> st
     for name, row in summary["receptive_field"].items():
         ppl = row["ppl"]
         lines.append(f"| {name} | {row['erf']} | {row['share_in_train_length']:.3f} | "
-                     f"{ppl.get(str(train_length), float('nan')):.1f} | "
-                     f"{ppl.get(str(length), float('nan')):.1f} |")
+                     f"{perplexity_cell(ppl, train_length)} | {perplexity_cell(ppl, length)} |")
+    if any(not row["ppl"] for row in summary["receptive_field"].values()):
+        lines += ["", f"n/a: no perplexity in {summary['perplexities_from']}/<embedding>.json (give make demo's "
+                  "--results as --demo-results)"]
     factor = length // train_length
     lines += ["", f"Attention sharpness (mean over layers, heads and rows) and Algorithm 1's τ, {factor}x:",
-              "", f"| embedding | P_max @ {train_length} | P_max @ {length} | entropy @ {train_length} | "
-              f"entropy @ {length} | τ (P_max) | τ (entropy) | log_L(L_tr) |",
+              "", f"| embedding | P_max @ {train_length} | P_max @ {length} | entropy @ {train_length} (nats) | "
+              f"entropy @ {length} (nats) | τ (P_max) | τ (entropy) | log_L(L_tr) |",
               "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, row in summary["alignment"].items():
         lines.append(f"| {name} | {row['pmax_train']:.4f} | {row['pmax_long']:.4f} | {row['entropy_train']:.3f} | "
-                     f"{row['entropy_long']:.3f} | {row['tau_pmax']:g} | {row['tau_entropy']:g} | "
+                     f"{row['entropy_long']:.3f} | {tau_cell(row, 'pmax')} | {tau_cell(row, 'entropy')} | "
                      f"{row['tau_log']:.3f} |")
+    if any(not row[f"{mode}_reached"] for row in summary["alignment"].values() for mode in ("pmax", "entropy")):
+        lines += ["", "†: the grid's end; no τ in [0.5, 1] brings the statistic back to its train-length value "
+                  "(not aligned)."]
     lines += ["", "Passkey accuracy (all depths) by length and temperature:", ""]
     for name, runs in summary["passkey"].items():
         for setting, accuracy in runs.items():
@@ -130,7 +148,7 @@ def summary_table(summary: dict[str, Any], train_length: int, length: int) -> st
                   + " | ".join(f"ppl @ {n}" for n in lengths) + " |", "|---|---:|---:|" + "---:|" * len(lengths)]
         for variant, row in summary["table41"].items():
             lines.append(f"| {variant} | {row['erf']} | {row['share_in_train_length']:.3f} | "
-                         + " | ".join(f"{row['ppl'].get(n, float('nan')):.1f}" for n in lengths) + " |")
+                         + " | ".join(perplexity_cell(row["ppl"], int(n)) for n in lengths) + " |")
     nope = summary["nope_variance"]
     lines += ["", f"NoPE variance of a random model (d = {nope['hidden_size']}, σ = {nope['sigma']}): "
               f"measured / Lemma 2.3 at m = 1, {nope['length'] // 8}, {nope['length']}: "
@@ -138,17 +156,17 @@ def summary_table(summary: dict[str, Any], train_length: int, length: int) -> st
     return "\n".join(lines) + "\n"
 
 
-def receptive_field(words: list[str], label: str, output: Path, length: int, sequences: int,
-                    train_length: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def receptive_field(words: list[str], label: str, output: Path, length: int,
+                    sequences: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """``receptive-field`` of one model: its curve, its ERF and its gradient share within the train length."""
     analyze(["receptive-field", *words, "--length", str(length), "--num-sequences", str(sequences),
              "--labels", label, "--output", str(output)])
     run = json.loads(output.read_text())["runs"][label]
-    return run, {"erf": run["erf"], "share_in_train_length": run["cumulative"][train_length - 1]}
+    return run, {"erf": run["erf"], "share_in_train_length": run["share_in_train_length"]}
 
 
 def receptive_fields(common: dict[str, list[str]], options: argparse.Namespace, args: argparse.Namespace,
-                     out: Path, length: int) -> dict[str, Any]:
+                     out: Path, length: int, demo_results: Path) -> dict[str, Any]:
     """``receptive-field`` for every embedding, one plot of all; ERF, share within the train length, ppl."""
     from kerple.analysis.common import save_figure
     from kerple.analysis.receptive_field import plot_receptive_fields
@@ -156,8 +174,8 @@ def receptive_fields(common: dict[str, list[str]], options: argparse.Namespace, 
     runs, summary = {}, {}
     for name, words in common.items():
         runs[name], summary[name] = receptive_field(words, name, out / f"receptive_field_{name}.json", length,
-                                                    options.num_sequences, args.train_length)
-        summary[name]["ppl"] = perplexities(ROOT / args.results, name)
+                                                    options.num_sequences)
+        summary[name]["ppl"] = perplexities(demo_results, name)
     title = f"Demo models: cumulative normalized gradient, L = {length}"
     save_figure(plot_receptive_fields(runs, args.train_length, title), out / "receptive_field.png")
     return summary
@@ -173,7 +191,8 @@ def alignment_and_passkey(name: str, words: list[str], options: argparse.Namespa
     pmax, entropy = doc["modes"]["pmax"], doc["modes"]["entropy"]
     alignment = {"pmax_train": pmax["target"], "pmax_long": pmax["grid"]["1"], "entropy_train": entropy["target"],
                  "entropy_long": entropy["grid"]["1"], "tau_pmax": pmax["temperature"],
-                 "tau_entropy": entropy["temperature"], "tau_log": doc["log_baseline"]}
+                 "tau_entropy": entropy["temperature"], "tau_log": doc["log_baseline"],
+                 "pmax_reached": pmax["reached"], "entropy_reached": entropy["reached"]}
     output = out / f"passkey_{name}.json"
     lengths = ",".join(str(n) for n in (128, 256, 512, 1024) if n <= length)
     analyze(["retrieval", *words, "--task", "passkey", "--lengths", lengths, "--depths", "0,0.5,1",
@@ -214,8 +233,7 @@ def table41(args: argparse.Namespace, data: PreparedData, out: Path, length: int
         output = out / f"table41_{variant}_ppl.json"
         run_child(evaluate_command(words[variant], output, lengths, args.num_tokens), capture=True,
                   session=False).check(f"evaluate.py of {variant}")
-        _, rows[variant] = receptive_field(words[variant], variant, out / f"table41_{variant}_rf.json", length, 8,
-                                           args.train_length)
+        _, rows[variant] = receptive_field(words[variant], variant, out / f"table41_{variant}_rf.json", length, 8)
         rows[variant]["ppl"] = perplexities(out, f"table41_{variant}_ppl")
     return rows
 
@@ -232,8 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     length = args.train_length * options.factor
     common = {name: demo_runs.config_args(name, args, data) for name in names}
     os.environ.setdefault("OMP_NUM_THREADS", "2")
+    demo_results = ROOT / (options.demo_results or args.results)
     summary: dict[str, Any] = {"train_length": args.train_length, "length": length, "alignment": {}, "passkey": {},
-                               "receptive_field": receptive_fields(common, options, args, out, length)}
+                               "perplexities_from": os.path.relpath(demo_results, ROOT),
+                               "receptive_field": receptive_fields(common, options, args, out, length, demo_results)}
     for name in [n for n in ALIGNED if n in names]:
         summary["alignment"][name], summary["passkey"][name] = alignment_and_passkey(
             name, common[name], options, out, length)

@@ -99,3 +99,20 @@ def test_statistics_include_a_term_without_distance_tables(name: str) -> None:
         logits = (q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM) + term[..., head, :, :]) / tau
         probs = torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1)
         assert stats["pmax"][1][head] == pytest.approx(float(probs.max(-1).values.mean()), rel=1e-5)
+
+
+def test_uniform_reference_by_hand() -> None:
+    """Causal rows 1..4 keys: P_max 1, 1/2, 1/3, 1/4 and H = ln n; a window of 2 caps n at 2."""
+    from kerple.analysis.attention_stats import uniform_statistics
+
+    assert uniform_statistics(4) == pytest.approx(((1 + 1 / 2 + 1 / 3 + 1 / 4) / 4,
+                                                   (math.log(2) + math.log(3) + math.log(4)) / 4))
+    assert uniform_statistics(4, window=2) == pytest.approx(((1 + 3 / 2) / 4, 3 * math.log(2) / 4))
+
+
+def test_plot_names_the_units() -> None:
+    from kerple.analysis.attention_stats import plot_statistics
+
+    rows = [{"length": n, "pmax": [[0.5, 0.4]], "entropy": [[1.0, 1.2]]} for n in (8, 32)]
+    figure = plot_statistics(rows, "Attention sharpness (alibi, τ = log)")
+    assert figure.axes[0].get_xlabel() == "length (tokens)" and figure.axes[1].get_ylabel() == "mean entropy (nats)"

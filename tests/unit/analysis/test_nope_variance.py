@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from kerple import positional
@@ -28,3 +29,11 @@ def test_random_model_variance_follows_lemma_2_3() -> None:
         assert abs(value / theory - 1) < 0.08, (m, value, theory)
     slope = (math.log(measured[-1]) - math.log(measured[0])) / math.log(LENGTH)
     assert abs(slope + 1) < 0.03
+
+
+def test_lemma_2_2_logit_variance_is_the_thesis_number() -> None:
+    """§2.3.2: "The numerical variance of l_mn/sqrt(d/H) in our case is 768²·0.02⁴/12 ≈ 0.0079"."""
+    from kerple.analysis.nope_variance import SMALL_LOGIT_VARIANCE, logit_variance
+
+    assert logit_variance(768, 12, 0.02) == pytest.approx(0.0079, abs=5e-5)
+    assert logit_variance(768, 12, 0.02) < SMALL_LOGIT_VARIANCE < logit_variance(768, 12, 0.2)  # Fig. 2.5's σ = 0.2

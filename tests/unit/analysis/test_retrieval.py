@@ -97,3 +97,14 @@ def test_cached_decoding_of_a_model_equals_full_forwards() -> None:
     cached = greedy_answer(model, prompt, torch.device("cpu"))
     full = greedy_answer(lambda tokens: model(tokens), prompt, torch.device("cpu"))
     assert cached == full and all(0 <= t < MODEL_VOCAB for t in cached)
+
+
+def test_heat_map_labels_say_what_depth_and_colour_mean() -> None:
+    from kerple.analysis.retrieval import plot_heatmaps
+
+    run = {"accuracy_by_depth": {"128": {"0": 0.0, "1": 1.0}, "256": {"0": 0.5, "1": 0.0}}}
+    figure = plot_heatmaps({"1": run, "log": run}, "passkey")
+    assert figure.axes[0].get_ylabel() == "needle depth (0 = start, 1 = end)"
+    assert figure.axes[0].get_xlabel() == "length (tokens)"
+    assert figure.axes[-1].get_ylabel() == "accuracy (exact match)"  # the colour bar
+    assert figure.get_layout_engine() is not None  # the panel titles do not run into the figure's title
