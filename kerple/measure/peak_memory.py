@@ -107,10 +107,10 @@ def cpu_events(profiler: torch.profiler.profile) -> list[Event]:
 def resident_bytes(model: torch.nn.Module, optimizer: Any) -> int:
     """Bytes of the tensors a training step starts with: parameters, their gradients, and every tensor
     of the optimizer (its parameters, e.g. fp32 masters, and its state), each storage once."""
-    tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
+    tensors = [*model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
     if optimizer is not None:
         for group in optimizer.param_groups:
-            tensors += [p for p in group["params"]] + [p.grad for p in group["params"] if p.grad is not None]
+            tensors += [*group["params"]] + [p.grad for p in group["params"] if p.grad is not None]
         tensors += [value for state in optimizer.state.values() for value in state.values()
                     if isinstance(value, torch.Tensor)]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}

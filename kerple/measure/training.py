@@ -72,10 +72,15 @@ def measure_trainers(config_files: Sequence[str], overrides: dict[str, Any], nam
                         trainer.train_step()
                 result = measure(trainer)
             except Exception as error:
-                result = f"{type(error).__name__}: {str(error)[:150]}"
+                result = _failure(error)
         results.append((name, micro, result))
         print(f"  measured {name} at micro-batch {micro}", file=sys.stderr, flush=True)
     return results
+
+
+def _failure(error: Exception) -> str:
+    """A case's error as its table cell shows it."""
+    return f"{type(error).__name__}: {str(error)[:150]}"
 
 
 def _trainers(config_files: Sequence[str], overrides: dict[str, Any], names: Sequence[str],
@@ -100,7 +105,7 @@ def _trainers(config_files: Sequence[str], overrides: dict[str, Any], names: Seq
                     try:
                         trainer = build_trainer(config_files, settings, name, f"{tmp}/corpus", steps, parallel)
                     except Exception as error:
-                        yield name, micro, f"{type(error).__name__}: {str(error)[:150]}"
+                        yield name, micro, _failure(error)
                         continue
                     try:
                         yield name, micro, trainer
