@@ -34,7 +34,7 @@ VIEW_OPS = frozenset({
     "aten::permute", "aten::expand", "aten::expand_as", "aten::squeeze", "aten::unsqueeze", "aten::select",
     "aten::slice", "aten::narrow", "aten::split", "aten::split_with_sizes", "aten::chunk", "aten::unbind",
     "aten::as_strided", "aten::alias", "aten::detach", "aten::view_as", "aten::flatten", "aten::unflatten",
-    "aten::lift_fresh", "aten::numpy_T", "aten::diagonal", "aten::unfold",
+    "aten::lift_fresh", "aten::numpy_T", "aten::diagonal", "aten::unfold", "aten::unflatten_dense_tensors",
 })
 FUSED_OPTIMIZER_PREFIX = "aten::_fused_adam"
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel",

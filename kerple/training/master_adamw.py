@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._utils import _unflatten_dense_tensors
 
 # The keys DeepSpeed's unfused fp16/bf16 optimizer writes besides the inner state and the masters,
 # with the values of a run without loss scaling.
@@ -106,8 +107,8 @@ class MasterAdamW(torch.optim.AdamW):
         masters = [master for parameter, master in self.copies if parameter.grad is not None]
         for same_device in _by_device_and_dtype(masters):
             buffer = torch.empty(sum(m.numel() for m in same_device), dtype=torch.float32, device=same_device[0].device)
-            for master, piece in zip(same_device, buffer.split([m.numel() for m in same_device])):
-                master.grad = piece.view(master.shape)
+            for master, piece in zip(same_device, _unflatten_dense_tensors(buffer, same_device)):  # one call
+                master.grad = piece
         with_grad = [(master.grad, parameter.grad) for parameter, master in self.copies if parameter.grad is not None]
         for targets, sources in _same_kind_pairs(with_grad):
             torch._foreach_copy_(targets, sources)

@@ -134,7 +134,7 @@ def test_a_step_waits_for_nothing() -> None:
         optimizer.step()
     counts = count_host_work(prof.events(), steps=1)
     assert counts.syncs == 0
-    assert counts.ops - counts.view_ops < 20  # a handful of foreach/fused kernels, not a dozen per parameter
+    assert counts.ops < 20  # a handful of foreach/fused kernels, not a dozen per parameter
 
 
 def test_a_model_moved_after_the_masters_were_made_is_refused() -> None:
